@@ -1,0 +1,1 @@
+"""Stage 2: images -> feature store (10-crop CNN globals, Full-Network Embedding, region features)."""

@@ -1,0 +1,3 @@
+from features.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,350 @@
+"""Named pipelines (``pipelines.yaml``): one validated entry per experiment.
+
+A pipeline has up to four sections, one per stage: ``prep``, ``features``, ``train`` and
+``evaluate``. Each section is a schema below (pydantic, ``extra="forbid"``): an unknown key, a
+wrong type or a missing required field is a :class:`~prep.errors.UserError` that names the file,
+the pipeline and the key.
+
+The schemas are also the single source of the stage commands' defaults. A stage command parses
+its options with ``default=None`` and calls :func:`stage_settings`; the result is, key by key,
+the explicit command-line value, else the pipeline's value (``--pipeline NAME``), else the
+schema's default.
+
+Paths in the YAML file are relative to the file's folder; ``${VAR}`` and ``${VAR:-default}``
+are expanded from the environment (e.g. ``${COCO_ROOT}``). Downstream inputs default to upstream
+outputs: ``features.data`` and ``train.data`` to ``prep.out``, ``train.features`` to
+``features.out`` with the key of the feature kind (``:global`` or ``:fne``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from prep.errors import UserError
+
+DATASETS = ("coco", "f8k", "f30k", "multi30k", "yjcaptions", "synthetic")
+FAMILIES = ("chain", "oecc", "seam", "vse", "clmr", "liwe")
+PROTOCOLS = ("1k", "5cv", "5k", "all")
+
+
+class Section(BaseModel):
+    """Base of every stage section: strict keys, no coercion surprises."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    #: fields holding filesystem paths (resolved against the YAML file's folder)
+    path_fields: ClassVar[tuple[str, ...]] = ()
+
+
+class PrepSection(Section):
+    """Options of ``prep <dataset>``."""
+
+    path_fields: ClassVar[tuple[str, ...]] = (
+        "out", "karpathy", "annotations", "split_file", "images", "token_file", "split_dir",
+        "root", "yj", "coco_karpathy",
+    )
+    dataset: Literal["coco", "f8k", "f30k", "multi30k", "yjcaptions", "synthetic"]
+    out: str
+    # coco / f8k / f30k inputs
+    karpathy: str | None = None
+    annotations: list[str] | None = None
+    split_file: str | None = None
+    images: str | None = None
+    restval: bool = True
+    token_file: str | None = None
+    split_dir: str | None = None
+    # multi30k
+    root: str | None = None
+    # yjcaptions
+    yj: str | None = None
+    coco_karpathy: str | None = None
+    val_images: int = 1000
+    test_images: int = 1000
+    # synthetic
+    num_images: int = 1200
+    image_size: int = 128
+    captions_per_image: int = 5
+    languages: list[str] = Field(default_factory=lambda: ["en", "de", "ja"])
+    # common
+    seed: int = 0
+    strict: bool = False
+    lowercase: bool = True
+    min_word_count: int = 1
+    min_char_count: int = 1
+
+
+class FeaturesSection(Section):
+    """Options of ``features cnn|fne|regions``."""
+
+    path_fields: ClassVar[tuple[str, ...]] = ("data", "out", "weights")
+    kind: Literal["cnn", "fne", "regions"] = "cnn"
+    data: str | None = None
+    out: str
+    cnn: str = "vgg19"
+    weights: str = "imagenet"
+    allow_download: bool = False
+    crops: Literal[1, 10] = 10
+    resize: int | None = None
+    input_size: int | None = None
+    batch_size: int = 32
+    block_size: int = 256
+    device: str = "auto"
+    amp: bool = False
+    scheduler: str = "none"
+    workers: int = 2
+    threads: int | None = None
+    on_error: Literal["record", "fail"] = "record"
+    threshold_low: float = -0.25
+    threshold_high: float = 0.15
+    # regions (bottom-up attention selection rules)
+    detector: str = "fasterrcnn_resnet50_fpn"
+    score_threshold: float = 0.2
+    nms_threshold: float = 0.3
+    min_boxes: int = 10
+    max_boxes: int = 100
+    fixed_boxes: int | None = 36
+
+
+class TrainSection(Section):
+    """Options of ``train <family>`` (family-specific keys are checked against the family)."""
+
+    path_fields: ClassVar[tuple[str, ...]] = ("data", "features", "out")
+    #: keys only some families accept
+    family_keys: ClassVar[dict[str, tuple[str, ...]]] = {
+        "version": ("chain",),
+        "p": ("chain",),
+        "arch": ("oecc",),
+    }
+    family: Literal["chain", "oecc", "seam", "vse", "clmr", "liwe"]
+    data: str | None = None
+    features: str | None = None
+    out: str
+    version: Literal["v1", "v2"] = "v1"
+    p: float = 1.0
+    arch: Literal["A", "B", "C", "D"] = "D"
+    d: int = 1024
+    measure: Literal["order", "cosine"] = "order"
+    order_sqrt: bool = False
+    loss: Literal["sum", "max"] = "sum"
+    margin: float = 0.05
+    batch_size: int = 128
+    lr: float = 1e-3
+    lr_decay_patience: int = 3
+    early_stop: int = 10
+    epochs: int = 30
+    max_chars: int = 256
+    grad_clip: float | None = 2.0
+    captions_per_epoch: Literal["all", "one"] = "all"
+    val_images: int | None = None
+    val_protocol: Literal["1k", "5cv", "5k", "all"] = "all"
+    seed: int = 0
+    device: str = "auto"
+    amp: bool = False
+    workers: int = 0
+
+    @model_validator(mode="after")
+    def _family_keys(self) -> TrainSection:
+        for key, families in self.family_keys.items():
+            if key in self.model_fields_set and self.family not in families:
+                raise ValueError(f"'{key}' applies to family {'/'.join(families)}, not '{self.family}'")
+        return self
+
+
+class EvaluateSection(Section):
+    """Options of the final evaluation of a pipeline's run."""
+
+    split: Literal["val", "test"] = "test"
+    protocols: list[Literal["1k", "5cv", "5k", "all"]] = Field(default_factory=lambda: ["all"])
+    noise: str | None = None
+    length_analysis: bool = False
+
+
+class Pipeline(BaseModel):
+    """One named experiment: its description and the settings of each stage."""
+
+    model_config = ConfigDict(extra="forbid")
+    description: str
+    paper: str | None = None
+    prep: PrepSection
+    features: FeaturesSection | None = None
+    train: TrainSection | None = None
+    evaluate: EvaluateSection | None = None
+
+    @model_validator(mode="after")
+    def _chain_outputs(self) -> Pipeline:
+        if self.features is not None and self.features.data is None:
+            self.features.data = self.prep.out
+        if self.train is not None:
+            if self.train.data is None:
+                self.train.data = self.prep.out
+            if self.train.features is None and self.features is not None:
+                key = "fne" if self.features.kind == "fne" else (
+                    "regions" if self.features.kind == "regions" else "global")
+                self.train.features = f"{self.features.out}:{key}"
+        if self.evaluate is not None and self.train is None:
+            raise ValueError("'evaluate' needs a 'train' section")
+        return self
+
+
+SECTIONS: dict[str, type[Section]] = {
+    "prep": PrepSection,
+    "features": FeaturesSection,
+    "train": TrainSection,
+    "evaluate": EvaluateSection,
+}
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def default_pipelines_file() -> Path:
+    """``$VSE_PIPELINES``, else ``./pipelines.yaml``, else the project's own ``pipelines.yaml``."""
+    env = os.environ.get("VSE_PIPELINES")
+    if env:
+        return Path(env)
+    local = Path("pipelines.yaml")
+    if local.is_file():
+        return local
+    return Path(__file__).resolve().parents[1] / "pipelines.yaml"
+
+
+def _expand(value: str, where: str) -> str:
+    def sub(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is not None:
+            return default
+        raise UserError(f"{where}: environment variable ${{{name}}} is not set")
+
+    return _VAR.sub(sub, value)
+
+
+def _resolve_paths(section: dict[str, Any], model: type[Section], base: Path, where: str) -> None:
+    for key in model.path_fields:
+        value = section.get(key)
+        if isinstance(value, str):
+            section[key] = _resolve_one(value, base, f"{where}.{key}")
+        elif isinstance(value, list):
+            section[key] = [_resolve_one(v, base, f"{where}.{key}") if isinstance(v, str) else v
+                            for v in value]
+
+
+def _resolve_one(value: str, base: Path, where: str) -> str:
+    value = _expand(value, where)
+    if value in ("imagenet", "none") or value.startswith(("tcp://", "tls://")):
+        return value
+    store, sep, key = value.partition(":") if ":" in value and not re.match(r"^[A-Za-z]:\\", value) else (
+        value, "", "")
+    p = Path(store).expanduser()
+    if not p.is_absolute():
+        p = base / p
+    return f"{os.path.normpath(p)}{sep}{key}"
+
+
+def _format_error(exc: ValidationError, file: Path, name: str) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        what = "unknown key"
+    elif kind == "missing":
+        what = "missing required key"
+    else:
+        what = err["msg"]
+        if "input" in err and not isinstance(err["input"], dict | list):
+            what += f" (got {err['input']!r})"
+    more = f" (+{len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    return f"{file}: pipeline '{name}': {loc}: {what}{more}"
+
+
+def load_pipelines(file: str | os.PathLike | None = None) -> dict[str, Pipeline]:
+    """Read and validate every pipeline of ``file`` (see :func:`default_pipelines_file`)."""
+    path = Path(file) if file is not None else default_pipelines_file()
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such pipelines file") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise UserError(f"{path}: {where}invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("pipelines"), dict):
+        raise UserError(f"{path}: expected a mapping with a 'pipelines' mapping at the top level")
+    unknown = set(raw) - {"pipelines"}
+    if unknown:
+        raise UserError(f"{path}: unknown top-level key '{sorted(unknown)[0]}'")
+    base = path.resolve().parent
+    out: dict[str, Pipeline] = {}
+    for name, body in raw["pipelines"].items():
+        if not isinstance(body, dict):
+            raise UserError(f"{path}: pipeline '{name}': expected a mapping, got {type(body).__name__}")
+        body = dict(body)
+        for sec, model in SECTIONS.items():
+            if isinstance(body.get(sec), dict):
+                body[sec] = dict(body[sec])
+                _resolve_paths(body[sec], model, base, f"{path}: pipeline '{name}': {sec}")
+        try:
+            out[str(name)] = Pipeline.model_validate(body)
+        except ValidationError as exc:
+            raise UserError(_format_error(exc, path, str(name))) from None
+    return out
+
+
+def get_pipeline(name: str, file: str | os.PathLike | None = None) -> Pipeline:
+    """The pipeline ``name``; a :class:`UserError` listing the known names if it is absent."""
+    pipelines = load_pipelines(file)
+    if name not in pipelines:
+        raise UserError(f"unknown pipeline '{name}' (known: {', '.join(sorted(pipelines))})")
+    return pipelines[name]
+
+
+def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--pipeline NAME`` and ``--pipelines FILE`` to a stage command's parser."""
+    parser.add_argument("--pipeline", metavar="NAME", default=None,
+                        help="take this stage's settings from the named pipeline in pipelines.yaml; "
+                             "options given explicitly override them")
+    parser.add_argument("--pipelines", metavar="FILE", default=None,
+                        help="pipelines file (default: $VSE_PIPELINES, ./pipelines.yaml, or the project's)")
+
+
+def stage_settings(stage: str, args: argparse.Namespace, **fixed: Any) -> Section:
+    """Merge explicit options over the pipeline's section over the schema defaults.
+
+    ``args`` is the parsed command line (options default to ``None`` when not given); its
+    attribute names equal the section's keys. ``fixed`` pins keys given by the subcommand
+    (``dataset=...``, ``kind=...``, ``family=...``).
+    """
+    model = SECTIONS[stage]
+    values: dict[str, Any] = {}
+    name = getattr(args, "pipeline", None)
+    where = "command line"
+    if name:
+        pipe = get_pipeline(name, getattr(args, "pipelines", None))
+        section = getattr(pipe, stage)
+        if section is None:
+            raise UserError(f"pipeline '{name}' has no '{stage}' section")
+        values.update(section.model_dump(exclude_unset=False))
+        where = f"pipeline '{name}' with the command line"
+        for key, val in fixed.items():
+            if key in values and values[key] != val and key in section.model_fields_set:
+                raise UserError(f"pipeline '{name}' is a {stage} of {key} '{values[key]}', not '{val}'")
+    for key in model.model_fields:
+        val = getattr(args, key, None)
+        if val is not None:
+            values[key] = val
+    values.update(fixed)
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        opt = "--" + loc.replace("_", "-")
+        if err["type"] == "missing":
+            raise UserError(f"{stage}: {opt} is required (give it or use --pipeline)") from None
+        raise UserError(f"{stage} ({where}): {loc}: {err['msg']}") from None

@@ -1,0 +1,51 @@
+"""Shared fixtures. Tests that need ``../shared/data`` skip with a clear reason when it is absent."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("VSE_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def _need(sub: str) -> Path:
+    path = SHARED_DATA / sub
+    if not path.exists():
+        pytest.skip(f"real test data not found: {path} (set VSE_SHARED_DATA to the shared data folder)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The shared real-data folder (``../shared/data``); skips when it is missing."""
+    return _need("")
+
+
+@pytest.fixture(scope="session")
+def coco_sample() -> Path:
+    """801 real COCO 2014 JPEGs with captions (``coco_sample/``)."""
+    return _need("coco_sample")
+
+
+@pytest.fixture(scope="session")
+def flickr8k_dir() -> Path:
+    """The real Flickr8k token file and split lists."""
+    return _need("flickr8k")
+
+
+@pytest.fixture(scope="session")
+def multi30k_dir() -> Path:
+    """Multi30k task1/task2 raw files."""
+    return _need("multi30k")
+
+
+@pytest.fixture(scope="session")
+def coco_annotation_samples() -> Path:
+    """First 100 images/annotations of the official COCO caption files."""
+    return _need("coco_annotation_samples")

@@ -1,0 +1,1 @@
+"""Stage 3: feature store + prepared dataset -> trained model, evaluation, reports."""

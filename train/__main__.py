@@ -1,0 +1,3 @@
+from train.cli import main
+
+raise SystemExit(main())
