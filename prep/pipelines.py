@@ -141,6 +141,10 @@ class TrainSection(Section):
     max_chars: int = 256
     grad_clip: float | None = 2.0
     captions_per_epoch: Literal["all", "one"] = "all"
+    #: language of the training and validation captions (``lang`` of the prepared sentences)
+    lang: str = "en"
+    #: write a mid-epoch checkpoint every this many steps, so ``--resume`` survives a kill
+    checkpoint_every: int = Field(200, ge=1)
     val_images: int | None = None
     val_protocol: Literal["1k", "5cv", "5k", "all"] = "all"
     seed: int = 0
@@ -213,30 +217,35 @@ def default_pipelines_file() -> Path:
     return Path(__file__).resolve().parents[1] / "pipelines.yaml"
 
 
-def _expand(value: str, where: str) -> str:
+def _expand(value: str, where: str, strict: bool) -> str:
     def sub(m: re.Match[str]) -> str:
         name, default = m.group(1), m.group(2)
         if name in os.environ:
             return os.environ[name]
         if default is not None:
             return default
+        if not strict:  # only the pipeline being run needs its variables
+            return m.group(0)
         raise UserError(f"{where}: environment variable ${{{name}}} is not set")
 
     return _VAR.sub(sub, value)
 
 
-def _resolve_paths(section: dict[str, Any], model: type[Section], base: Path, where: str) -> None:
+def _resolve_paths(section: dict[str, Any], model: type[Section], base: Path, where: str,
+                   strict: bool) -> None:
     for key in model.path_fields:
         value = section.get(key)
         if isinstance(value, str):
-            section[key] = _resolve_one(value, base, f"{where}.{key}")
+            section[key] = _resolve_one(value, base, f"{where}.{key}", strict)
         elif isinstance(value, list):
-            section[key] = [_resolve_one(v, base, f"{where}.{key}") if isinstance(v, str) else v
+            section[key] = [_resolve_one(v, base, f"{where}.{key}", strict) if isinstance(v, str) else v
                             for v in value]
 
 
-def _resolve_one(value: str, base: Path, where: str) -> str:
-    value = _expand(value, where)
+def _resolve_one(value: str, base: Path, where: str, strict: bool) -> str:
+    value = _expand(value, where, strict)
+    if not strict and _VAR.search(value):
+        return value
     if value in ("imagenet", "none") or value.startswith(("tcp://", "tls://")):
         return value
     store, sep, key = value.partition(":") if ":" in value and not re.match(r"^[A-Za-z]:\\", value) else (
@@ -263,8 +272,12 @@ def _format_error(exc: ValidationError, file: Path, name: str) -> str:
     return f"{file}: pipeline '{name}': {loc}: {what}{more}"
 
 
-def load_pipelines(file: str | os.PathLike | None = None) -> dict[str, Pipeline]:
-    """Read and validate every pipeline of ``file`` (see :func:`default_pipelines_file`)."""
+def load_pipelines(file: str | os.PathLike | None = None, expand: str | None = None) -> dict[str, Pipeline]:
+    """Read and validate every pipeline of ``file`` (see :func:`default_pipelines_file`).
+
+    Every pipeline is checked against the schema; environment variables must be set only for the
+    pipeline named by ``expand`` (the one about to run): elsewhere ``${VAR}`` is left as written.
+    """
     path = Path(file) if file is not None else default_pipelines_file()
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -288,7 +301,8 @@ def load_pipelines(file: str | os.PathLike | None = None) -> dict[str, Pipeline]
         for sec, model in SECTIONS.items():
             if isinstance(body.get(sec), dict):
                 body[sec] = dict(body[sec])
-                _resolve_paths(body[sec], model, base, f"{path}: pipeline '{name}': {sec}")
+                _resolve_paths(body[sec], model, base, f"{path}: pipeline '{name}': {sec}",
+                               strict=(name == expand))
         try:
             out[str(name)] = Pipeline.model_validate(body)
         except ValidationError as exc:
@@ -298,7 +312,7 @@ def load_pipelines(file: str | os.PathLike | None = None) -> dict[str, Pipeline]
 
 def get_pipeline(name: str, file: str | os.PathLike | None = None) -> Pipeline:
     """The pipeline ``name``; a :class:`UserError` listing the known names if it is absent."""
-    pipelines = load_pipelines(file)
+    pipelines = load_pipelines(file, expand=name)
     if name not in pipelines:
         raise UserError(f"unknown pipeline '{name}' (known: {', '.join(sorted(pipelines))})")
     return pipelines[name]
@@ -329,7 +343,7 @@ def stage_settings(stage: str, args: argparse.Namespace, **fixed: Any) -> Sectio
         section = getattr(pipe, stage)
         if section is None:
             raise UserError(f"pipeline '{name}' has no '{stage}' section")
-        values.update(section.model_dump(exclude_unset=False))
+        values.update(section.model_dump(exclude_unset=True))
         where = f"pipeline '{name}' with the command line"
         for key, val in fixed.items():
             if key in values and values[key] != val and key in section.model_fields_set:
