@@ -1,0 +1,404 @@
+"""``prep <dataset>``: raw annotations -> prepared dataset (see ``docs/ARCHITECTURE.md``).
+
+:func:`run_prep` is the whole stage for one validated :class:`~prep.pipelines.PrepSection`: read the
+source, clean the captions (Unicode NFKC, whitespace collapsed; empty ones dropped and counted),
+check ids, tokenize (spaCy blank tokenizers; Japanese transliterated to Hepburn romaji), look for the
+images on disk, build the train-only vocabularies and write everything into a temporary folder that
+replaces ``--out`` only when all of it succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from prep import __version__
+from prep.dataset import (
+    CHARS_FILE,
+    DATASET_FILE,
+    FORMAT_VERSION,
+    RECORD_FILE,
+    SPLITS,
+    WORDS_FILE,
+)
+from prep.errors import UserError, run_cli
+from prep.io import atomic_directory, sha256_file, write_json_atomic
+from prep.pipelines import PrepSection, add_pipeline_arguments, stage_settings
+from prep.sources import RawCaption, RawDataset
+from prep.tokenize import normalize, tokenize, transliterate
+from prep.vocab import build_char_vocabulary, build_word_vocabulary
+
+#: how many dropped captions / missing images are listed by name in the summary and ``prep.json``
+LIST_FIRST = 10
+_TOKENIZE_CHUNK = 5000
+
+
+def read_source(settings: PrepSection, work_dir: Path) -> RawDataset:
+    """Dispatch to the dataset's reader (``work_dir``: where generated images go)."""
+    s = settings
+    if s.dataset == "coco":
+        from prep.sources.coco import read_annotations, read_karpathy
+
+        if (s.karpathy is None) == (not s.annotations):
+            raise UserError("prep coco: give either --karpathy FILE or --annotations FILE... "
+                            "--split-file FILE")
+        if s.karpathy is not None:
+            return read_karpathy(s.karpathy, s.images, restval=s.restval, name="coco")
+        return read_annotations(s.annotations, s.split_file, s.images, restval=s.restval)
+    if s.dataset == "f8k":
+        from prep.sources.flickr import read_f8k, read_flickr_karpathy
+
+        if (s.karpathy is None) == (s.token_file is None):
+            raise UserError("prep f8k: give either --token-file FILE (with the split lists) or "
+                            "--karpathy FILE")
+        if s.karpathy is not None:
+            return read_flickr_karpathy(s.karpathy, s.images, "f8k")
+        return read_f8k(s.token_file, s.split_dir, s.images)
+    if s.dataset == "f30k":
+        from prep.sources.flickr import read_flickr_karpathy
+
+        return read_flickr_karpathy(s.karpathy, s.images, "f30k")
+    if s.dataset == "multi30k":
+        from prep.sources.multi30k import read_multi30k
+
+        return read_multi30k(s.root, s.images)
+    if s.dataset == "yjcaptions":
+        from prep.sources.yjcaptions import read_yjcaptions
+
+        return read_yjcaptions(s.yj, s.coco_karpathy, s.images, s.val_images, s.test_images, s.seed)
+    from prep.sources.synthetic import generate_synthetic
+
+    return generate_synthetic(work_dir, s.num_images, s.image_size, s.captions_per_image, s.languages, s.seed)
+
+
+class _Cleaner:
+    """Normalizes caption texts, drops empty ones (counted) and tokenizes them, batched per language."""
+
+    def __init__(self, lowercase: bool) -> None:
+        self.lowercase = lowercase
+        self.dropped: Counter = Counter()
+        self.dropped_first: list[str] = []
+
+    def clean(self, text: Any, where: str) -> str | None:
+        if not isinstance(text, str):
+            raise UserError(f"{where}: caption must be a string, got {type(text).__name__}")
+        text = normalize(text)
+        if not text:
+            self.dropped["empty_captions"] += 1
+            if len(self.dropped_first) < LIST_FIRST:
+                self.dropped_first.append(where)
+            return None
+        return text
+
+    def tokenize(self, items: list[tuple[str, str]], desc: str) -> list[tuple[str, list[str], str | None]]:
+        """``(raw, tokens, original)`` of each ``(lang, text)``; Japanese ``raw`` is the romaji."""
+        out: list[Any] = [None] * len(items)
+        with tqdm(total=len(items), desc=desc, unit="sent", leave=False, disable=None) as bar:
+            for lang in sorted({lg for lg, _ in items}):
+                rows = [i for i, (lg, _) in enumerate(items) if lg == lang]
+                if lang == "ja":
+                    cache: dict[str, tuple[str, list[str]]] = {}
+                    for i in rows:
+                        text = items[i][1]
+                        if text not in cache:
+                            cache[text] = transliterate(text, self.lowercase)
+                        raw, toks = cache[text]
+                        out[i] = (raw, toks, text)
+                        bar.update(1)
+                    continue
+                for start in range(0, len(rows), _TOKENIZE_CHUNK):
+                    chunk = rows[start:start + _TOKENIZE_CHUNK]
+                    toks = tokenize([items[i][1] for i in chunk], lang, self.lowercase)
+                    for i, t in zip(chunk, toks, strict=True):
+                        out[i] = (items[i][1], t, None)
+                    bar.update(len(chunk))
+        return out
+
+
+def build_dataset(raw: RawDataset, settings: PrepSection) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(dataset.json content, record of drops)`` from a source's images, captions and pairs."""
+    cleaner = _Cleaner(settings.lowercase)
+    seen_images: dict[str, str] = {}
+    seen_sent: dict[tuple[str, Any], str] = {}
+    texts: list[tuple[str, str]] = []
+    owners: list[tuple[int, RawCaption]] = []
+    for row, im in enumerate(raw.images):
+        if im.key in seen_images:
+            raise UserError(f"{im.where}: duplicate image id '{im.key}' (also {seen_images[im.key]})")
+        seen_images[im.key] = im.where
+        if im.split not in SPLITS:
+            raise UserError(f"{im.where}: unknown split '{im.split}'")
+        for k, cap in enumerate(im.captions):
+            where = f"{im.where}: caption {k}"
+            if cap.source_id is not None:
+                where += f" (id {cap.source_id})"
+            if cap.source_id is not None:
+                key = (cap.lang, cap.source_id)
+                if key in seen_sent:
+                    raise UserError(f"{where}: duplicate sentence id {cap.source_id!r} (also "
+                                    f"{seen_sent[key]})")
+                seen_sent[key] = where
+            text = cleaner.clean(cap.text, where)
+            if text is not None:
+                texts.append((cap.lang, text))
+                owners.append((row, cap))
+    tokenized = cleaner.tokenize(texts, "tokenizing captions")
+    images = []
+    for row, im in enumerate(raw.images):
+        entry: dict[str, Any] = {"imgid": row, "split": im.split, "filename": im.filename}
+        if im.filepath:
+            entry["filepath"] = im.filepath
+        if im.cocoid is not None:
+            entry["cocoid"] = im.cocoid
+        if im.karpathy_split:
+            entry["karpathy_split"] = im.karpathy_split
+        entry["sentids"], entry["sentences"] = [], []
+        images.append(entry)
+    sentid_of: dict[int, dict[str, Any]] = {}
+    for sentid, ((row, cap), (text, toks, original)) in enumerate(zip(owners, tokenized, strict=True)):
+        if not toks:  # e.g. Japanese punctuation only: nothing a model could read
+            cleaner.dropped["empty_captions"] += 1
+            continue
+        sent = {"sentid": sentid, "imgid": row, "raw": text, "tokens": toks, "lang": cap.lang}
+        if original is not None:
+            sent["original"] = original
+        images[row]["sentids"].append(sentid)
+        images[row]["sentences"].append(sent)
+        sentid_of[id(cap)] = sent
+    pairs = _build_pairs(raw, images, sentid_of, cleaner, {im.key: r for r, im in enumerate(raw.images)})
+    dataset = {"dataset": raw.name, "format_version": FORMAT_VERSION, "languages": raw.languages,
+               "images_root": str(raw.images_root), "images": images, "pairs": pairs}
+    drops = {"counts": dict(cleaner.dropped), "first_empty_captions": cleaner.dropped_first}
+    return dataset, drops
+
+
+def _build_pairs(raw: RawDataset, images: list[dict[str, Any]], sentid_of: dict[int, dict[str, Any]],
+                 cleaner: _Cleaner, row_of: dict[str, int]) -> list[dict[str, Any]]:
+    pending: list[tuple[int, dict[str, Any]]] = []
+    texts: list[tuple[str, str]] = []
+    slots: list[tuple[int, str]] = []
+    for p in raw.pairs:
+        row = row_of[p.image_key]
+        sides: dict[str, Any] = {}
+        ok = True
+        for lang, side in p.sides.items():
+            if isinstance(side, RawCaption):
+                sent = sentid_of.get(id(side))
+                if sent is None:
+                    ok = False
+                    break
+                sides[lang] = {k: sent[k] for k in ("raw", "tokens", "sentid", "original") if k in sent}
+            else:
+                text = cleaner.clean(side, f"{p.where}: pair {lang}")
+                if text is None:
+                    ok = False
+                    break
+                sides[lang] = None
+                texts.append((lang, text))
+                slots.append((len(pending), lang))
+        if not ok:
+            cleaner.dropped["pairs"] += 1
+            continue
+        pending.append((row, sides))
+    tokenized = cleaner.tokenize(texts, "tokenizing pairs")
+    for (k, lang), (text, toks, original) in zip(slots, tokenized, strict=True):
+        side = {"raw": text, "tokens": toks}
+        if original is not None:
+            side["original"] = original
+        pending[k][1][lang] = side
+    return [{"pairid": i, "imgid": row, "split": images[row]["split"], **sides}
+            for i, (row, sides) in enumerate(pending)]
+
+
+def find_missing_images(dataset: dict[str, Any], root: Path) -> list[str]:
+    """Relative paths (``filepath/filename``) of the images not found under ``root``."""
+    missing = []
+    for im in tqdm(dataset["images"], desc="checking images", unit="img", leave=False, disable=None):
+        rel = f"{im['filepath']}/{im['filename']}" if im.get("filepath") else im["filename"]
+        if not (root / rel).is_file():
+            missing.append(rel)
+    return missing
+
+
+def split_counts(dataset: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Images, sentences (in all and per language) and pairs of each split."""
+    counts: dict[str, dict[str, Any]] = {
+        sp: {"images": 0, "sentences": 0, "sentences_per_language": Counter(), "pairs": 0} for sp in SPLITS}
+    for im in dataset["images"]:
+        c = counts[im["split"]]
+        c["images"] += 1
+        c["sentences"] += len(im["sentences"])
+        c["sentences_per_language"].update(s["lang"] for s in im["sentences"])
+    for p in dataset["pairs"]:
+        counts[p["split"]]["pairs"] += 1
+    for c in counts.values():
+        c["sentences_per_language"] = dict(sorted(c["sentences_per_language"].items()))
+    return counts
+
+
+def run_prep(settings: PrepSection) -> Path:
+    """Prepare one dataset into ``settings.out`` (replaced only on success); returns the folder."""
+    out = Path(settings.out).expanduser().resolve()
+    with atomic_directory(out) as work:
+        raw = read_source(settings, work)
+        generated = raw.images_root == work
+        if generated:
+            raw.images_root = out  # the generated images move with the folder
+        dataset, drops = build_dataset(raw, settings)
+        missing = find_missing_images(dataset, work if generated else raw.images_root)
+        if missing and settings.strict:
+            raise UserError(f"{raw.images_root}: {len(missing)} of {len(dataset['images'])} images missing "
+                            f"(first: {', '.join(missing[:3])}); drop --strict to prepare anyway")
+        train = [s for im in dataset["images"] if im["split"] == "train" for s in im["sentences"]]
+        if not train:
+            raise UserError(f"prep {settings.dataset}: the train split has no captions")
+        chars = build_char_vocabulary((s["raw"] for s in train), settings.min_char_count, settings.lowercase)
+        words = build_word_vocabulary((s["tokens"] for s in train), settings.min_word_count)
+        counts = split_counts(dataset)
+        record = {
+            "format_version": FORMAT_VERSION, "prep_version": __version__, "dataset": raw.name,
+            "inputs": [{"path": str(p.resolve()), "bytes": p.stat().st_size, "sha256": sha256_file(p)}
+                       for p in tqdm(raw.inputs, desc="checksums", unit="file", leave=False, disable=None)],
+            "options": settings.model_dump(mode="json"), "images_root": str(raw.images_root),
+            "counts": counts, "dropped": drops["counts"], "dropped_first": drops["first_empty_captions"],
+            "excluded": raw.excluded,
+            "missing_images": {"count": len(missing), "first": missing[:LIST_FIRST]},
+            "notes": raw.notes, "vocabulary": {"chars": len(chars["symbols"]), "words": len(words["tokens"])},
+        }
+        write_json_atomic(work / DATASET_FILE, dataset, indent=None)
+        write_json_atomic(work / CHARS_FILE, chars)
+        write_json_atomic(work / WORDS_FILE, words)
+        write_json_atomic(work / RECORD_FILE, record)
+    print(summary_line(settings.dataset, record, out))
+    return out
+
+
+def summary_line(name: str, record: dict[str, Any], out: Path) -> str:
+    """One line: counts per split, pairs, dropped, missing images, output folder."""
+    parts = []
+    for sp in SPLITS:
+        c = record["counts"][sp]
+        parts.append(f"{sp} {c['images']} images / {c['sentences']} sentences")
+    pairs = sum(record["counts"][sp]["pairs"] for sp in SPLITS)
+    dropped = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in record["dropped"].items()) or "none"
+    excluded = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in record["excluded"].items())
+    miss = record["missing_images"]
+    missing = f"{miss['count']} images missing" + (f" (first: {', '.join(miss['first'][:3])})"
+                                                    if miss["count"] else "")
+    return (f"prep {name}: {'; '.join(parts)}; {pairs} pairs; dropped: {dropped}"
+            + (f"; excluded: {excluded}" if excluded else "") + f"; {missing}; "
+            f"{record['vocabulary']['chars']} chars, {record['vocabulary']['words']} words -> {out}")
+
+
+# -- command line ------------------------------------------------------------------------------
+
+def _common(p: argparse.ArgumentParser, images: bool = True) -> None:
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help="output folder of the prepared dataset (replaced only when preparation succeeds)")
+    if images:
+        p.add_argument("--images", metavar="DIR", default=None,
+                       help="folder the images' paths (filepath/filename) are relative to; images not found "
+                            "there are counted and listed")
+    p.add_argument("--strict", action="store_true", default=None,
+                   help="make missing images an error instead of a count")
+    p.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=None,
+                   help="lowercase tokens and the character alphabet, as the papers do (default: on)")
+    p.add_argument("--min-word-count", type=int, default=None, metavar="K",
+                   help="keep train tokens seen at least K times in words.json (default 1)")
+    p.add_argument("--min-char-count", type=int, default=None, metavar="K",
+                   help="keep train characters seen at least K times in chars.json (default 1)")
+    add_pipeline_arguments(p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``prep`` argument parser with one subcommand per dataset."""
+    parser = argparse.ArgumentParser(
+        prog="prep", description="Raw annotations -> prepared dataset (dataset.json in the Karpathy schema "
+        "with 'lang' per sentence, train-only chars.json/words.json, and a prep.json record). "
+        "Add --traceback to see the traceback of an input error.")
+    sub = parser.add_subparsers(dest="command", metavar="DATASET", required=True)
+
+    p = sub.add_parser("coco", help="MS COCO (Karpathy JSON, or the official caption files + split file)",
+                       description="MS COCO. Karpathy splits; restval folds into train (113,287 / 5,000 / "
+                       "5,000) unless --no-restval (82,783 train images).")
+    p.add_argument("--karpathy", metavar="FILE", default=None, help="Karpathy's dataset_coco.json")
+    p.add_argument("--annotations", metavar="FILE", nargs="+", default=None,
+                   help="official caption files (captions_train2014.json captions_val2014.json)")
+    p.add_argument("--split-file", metavar="FILE", default=None,
+                   help="with --annotations: a Karpathy JSON or "
+                       "{\"train\"|\"restval\"|\"val\"|\"test\": [COCO "
+                        "ids or file names]}; images in no split are left out and counted")
+    p.add_argument("--restval", action=argparse.BooleanOptionalAction, default=None,
+                   help="fold the restval images into train (default) or leave them out (--no-restval)")
+    _common(p)
+
+    p = sub.add_parser("f8k", help="Flickr8k (token file + split lists, or Karpathy JSON)",
+                       description="Flickr8k: 6,000 / 1,000 / 1,000 images, 5 captions each.")
+    p.add_argument("--token-file", metavar="FILE", default=None, help="Flickr8k.token.txt")
+    p.add_argument("--split-dir", metavar="DIR", default=None,
+                   help="folder of Flickr_8k.{train,dev,test}Images.txt (default: the token file's folder)")
+    p.add_argument("--karpathy", metavar="FILE", default=None,
+                   help="Karpathy's dataset_flickr8k.json instead")
+    _common(p)
+
+    p = sub.add_parser("f30k", help="Flickr30k (Karpathy JSON)",
+                       description="Flickr30k from dataset_flickr30k.json: 29,000 / 1,014 / 1,000 images.")
+    p.add_argument("--karpathy", metavar="FILE", default=None, help="Karpathy's dataset_flickr30k.json")
+    _common(p)
+
+    p = sub.add_parser("multi30k", help="Multi30k: 5 en + 5 de captions per image, en-de translation pairs",
+                       description="Multi30k from the multi30k/dataset layout: task2 captions (5 per "
+                       "language per image), task1 translations as pairs; 29,000 / 1,014 / 1,000 images.")
+    p.add_argument("--root", metavar="DIR", default=None, help="folder holding task1/ and task2/")
+    _common(p)
+
+    p = sub.add_parser("yjcaptions", help="YJ Captions 26k (Japanese, romanized) + English COCO captions",
+                       description="YJ Captions: Japanese captions transliterated to Hepburn romaji "
+                       "(original kept), English captions of the same COCO images, image-level en/ja pairs, "
+                       "seeded random val/test splits.")
+    p.add_argument("--yj", metavar="FILE", default=None,
+                   help="yjcaptions26k_clean.json (COCO caption format)")
+    p.add_argument("--coco-karpathy", metavar="FILE", default=None,
+                   help="Karpathy's dataset_coco.json (English captions, file names)")
+    p.add_argument("--val-images", type=int, default=None, metavar="N",
+                   help="random val images (default 1000)")
+    p.add_argument("--test-images", type=int, default=None, metavar="N",
+                   help="random test images (default 1000)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the random val/test split (default 0)")
+    _common(p)
+
+    p = sub.add_parser("synthetic", help="generated coloured shapes with en/de/ja captions (demo default)",
+                       description="Draws coloured shapes and writes captions that describe them; "
+                       "deterministic given --seed. 1/12 of the images each for val and test.")
+    p.add_argument("--num-images", type=int, default=None, metavar="N", help="images to draw (default 1200)")
+    p.add_argument("--image-size", type=int, default=None, metavar="PX",
+                   help="side of the images (default 128)")
+    p.add_argument("--captions-per-image", type=int, default=None, metavar="K",
+                   help="captions per image per language, 1..5 (default 5)")
+    p.add_argument("--languages", nargs="+", default=None, choices=("en", "de", "ja"),
+                   help="caption languages (default: en de ja)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default 0)")
+    _common(p, images=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``prep`` / ``python -m prep``."""
+    return run_cli(_main, argv, "prep")
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = build_parser().parse_args(argv)
+    settings = stage_settings("prep", args, dataset=args.command)
+    run_prep(settings)  # type: ignore[arg-type]
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""The prepared-dataset format: its file names and constants, and the reader every later stage uses.
+
+A prepared dataset is one folder (see ``docs/ARCHITECTURE.md``, "Prepared dataset"):
+
+- ``dataset.json``: the Karpathy split schema plus ``languages``, ``pairs``, ``images_root`` and a
+  ``lang`` on every sentence; images in ``imgid`` order, the row order of every feature array;
+- ``chars.json`` and ``words.json``: the character alphabet and the word vocabulary of the train
+  split only, with ``<pad>`` at index 0 and ``<unk>`` at index 1;
+- ``prep.json``: the record of inputs (with SHA-256), options, counts and dropped items.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prep.errors import UserError
+
+DATASET_FILE = "dataset.json"
+CHARS_FILE = "chars.json"
+WORDS_FILE = "words.json"
+RECORD_FILE = "prep.json"
+PAD = "<pad>"
+UNK = "<unk>"
+PAD_INDEX = 0
+UNK_INDEX = 1
+SPLITS = ("train", "val", "test")
+LANGUAGES = ("en", "de", "ja")
+#: version of the on-disk format, written into ``dataset.json`` and ``prep.json``
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """One caption (or one side of a pair): ``raw`` is the text models read."""
+
+    sentid: int
+    imgid: int
+    raw: str
+    tokens: tuple[str, ...]
+    lang: str
+    original: str | None = None
+
+
+@dataclass(frozen=True)
+class ImageEntry:
+    """One image: its row ``imgid`` in every feature array, its split and its absolute path."""
+
+    imgid: int
+    split: str
+    filename: str
+    path: Path
+    filepath: str | None = None
+    cocoid: int | None = None
+    karpathy_split: str | None = None
+    sentids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class PairSide:
+    """One language side of a cross-language pair."""
+
+    raw: str
+    tokens: tuple[str, ...]
+    sentid: int | None = None
+    original: str | None = None
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A cross-language pair (Multi30k task1 translation, YJ image-level en/ja pair)."""
+
+    pairid: int
+    imgid: int
+    split: str
+    sides: dict[str, PairSide]
+
+
+@dataclass
+class Vocabulary:
+    """A symbol table: ``symbols[i]`` has index ``i``; unknown symbols map to ``<unk>`` (1)."""
+
+    symbols: list[str]
+    counts: dict[str, int] = field(default_factory=dict)
+    min_count: int = 1
+    lowercase: bool = True
+    pad: str = PAD
+    unk: str = UNK
+
+    def __post_init__(self) -> None:
+        self._index = {s: i for i, s in enumerate(self.symbols)}
+
+    def __len__(self) -> int:
+        return len(self.symbols)
+
+    def __contains__(self, symbol: object) -> bool:
+        return symbol in self._index
+
+    def index(self, symbol: str) -> int:
+        """Index of ``symbol``, or that of ``<unk>`` when it is not in the vocabulary."""
+        return self._index.get(symbol, self._index[self.unk])
+
+    def encode(self, symbols: Iterable[str]) -> list[int]:
+        """Indices of a sequence of symbols (characters of a string, or tokens)."""
+        unk = self._index[self.unk]
+        return [self._index.get(s, unk) for s in symbols]
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        raise UserError(f"{path}: not found (is this a prepared dataset folder? run `prep` first)") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: line {exc.lineno}, column {exc.colno}: invalid JSON: {exc.msg}") from None
+
+
+def _field(obj: dict, key: str, file: Path, where: str) -> Any:
+    try:
+        return obj[key]
+    except (KeyError, TypeError):
+        raise UserError(f"{file}: {where}: missing field '{key}'") from None
+
+
+@dataclass
+class PreparedDataset:
+    """A prepared dataset folder, loaded: images in ``imgid`` order, sentences, vocabularies, pairs."""
+
+    root: Path
+    name: str
+    languages: list[str]
+    images: list[ImageEntry]
+    sentences: list[Sentence]
+    pairs: list[Pair]
+    chars: Vocabulary
+    words: Vocabulary
+    record: dict[str, Any]
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> PreparedDataset:
+        """Read the folder ``path`` written by ``prep`` (a :class:`UserError` if it is not one)."""
+        root = Path(path).expanduser().resolve()
+        if root.is_file():
+            root = root.parent
+        file = root / DATASET_FILE
+        data = _read_json(file)
+        images_root = Path(_field(data, "images_root", file, "top level"))
+        images: list[ImageEntry] = []
+        sentences: list[Sentence] = []
+        for row, img in enumerate(_field(data, "images", file, "top level")):
+            where = f"images[{row}]"
+            imgid = int(_field(img, "imgid", file, where))
+            if imgid != row:
+                raise UserError(f"{file}: {where}: imgid {imgid} is not its row {row}")
+            filepath = img.get("filepath")
+            filename = _field(img, "filename", file, where)
+            sent_ids = []
+            for k, s in enumerate(_field(img, "sentences", file, where)):
+                sw = f"{where}.sentences[{k}]"
+                sentences.append(Sentence(
+                    sentid=int(_field(s, "sentid", file, sw)), imgid=imgid,
+                    raw=_field(s, "raw", file, sw), tokens=tuple(_field(s, "tokens", file, sw)),
+                    lang=_field(s, "lang", file, sw), original=s.get("original")))
+                sent_ids.append(sentences[-1].sentid)
+            images.append(ImageEntry(
+                imgid=imgid, split=_field(img, "split", file, where), filename=filename,
+                path=images_root / filepath / filename if filepath else images_root / filename,
+                filepath=filepath, cocoid=img.get("cocoid"), karpathy_split=img.get("karpathy_split"),
+                sentids=tuple(sent_ids)))
+        pairs = [_load_pair(p, file, k) for k, p in enumerate(data.get("pairs", []))]
+        return cls(root=root, name=data.get("dataset", root.name),
+                   languages=list(data.get("languages", ["en"])), images=images, sentences=sentences,
+                   pairs=pairs, chars=load_vocabulary(root / CHARS_FILE),
+                   words=load_vocabulary(root / WORDS_FILE),
+                   record=_read_json(root / RECORD_FILE) if (root / RECORD_FILE).exists() else {})
+
+    # -- images --------------------------------------------------------------------------------
+    def images_of(self, split: str | None = None) -> list[ImageEntry]:
+        """Images of ``split`` (all when ``None``), in ``imgid`` order."""
+        _check_split(split)
+        return [im for im in self.images if split is None or im.split == split]
+
+    def image_rows(self, split: str | None = None) -> list[int]:
+        """The ``imgid`` (feature-array row) of every image of ``split``, ascending."""
+        return [im.imgid for im in self.images_of(split)]
+
+    def image_paths(self) -> list[Path]:
+        """Absolute path of every image, in ``imgid`` order (the input list of ``features``)."""
+        return [im.path for im in self.images]
+
+    # -- sentences -----------------------------------------------------------------------------
+    def sentences_of(self, split: str | None = None, lang: str | Sequence[str] | None = None
+                     ) -> list[Sentence]:
+        """Sentences whose image is in ``split`` and whose language is ``lang`` (``None``: all).
+
+        Order: by image (``imgid``), then as the image lists them.
+        """
+        _check_split(split)
+        langs = {lang} if isinstance(lang, str) else (set(lang) if lang is not None else None)
+        if langs is not None and not langs <= set(self.languages):
+            raise UserError(f"{self.root}: no language {sorted(langs - set(self.languages))} "
+                            f"(this dataset has {', '.join(self.languages)})")
+        return [s for s in self.sentences
+                if (split is None or self.images[s.imgid].split == split)
+                and (langs is None or s.lang in langs)]
+
+    def captions(self, split: str | None = None, lang: str | Sequence[str] | None = None
+                 ) -> tuple[list[str], list[int]]:
+        """``(texts, caption_image)``: the ``raw`` texts and, for each, its image's ``imgid``."""
+        sents = self.sentences_of(split, lang)
+        return [s.raw for s in sents], [s.imgid for s in sents]
+
+    def pairs_of(self, split: str | None = None) -> list[Pair]:
+        """Cross-language pairs of ``split`` (all when ``None``)."""
+        _check_split(split)
+        return [p for p in self.pairs if split is None or p.split == split]
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Images, sentences and pairs per split."""
+        out = {sp: {"images": 0, "sentences": 0, "pairs": 0} for sp in SPLITS}
+        for im in self.images:
+            out[im.split]["images"] += 1
+            out[im.split]["sentences"] += len(im.sentids)
+        for p in self.pairs:
+            out[p.split]["pairs"] += 1
+        return out
+
+
+def _check_split(split: str | None) -> None:
+    if split is not None and split not in SPLITS:
+        raise UserError(f"unknown split '{split}' (expected one of {', '.join(SPLITS)})")
+
+
+def _load_pair(p: dict, file: Path, k: int) -> Pair:
+    where = f"pairs[{k}]"
+    sides = {}
+    for key, val in p.items():
+        if isinstance(val, dict):
+            sides[key] = PairSide(raw=_field(val, "raw", file, f"{where}.{key}"),
+                                  tokens=tuple(_field(val, "tokens", file, f"{where}.{key}")),
+                                  sentid=val.get("sentid"), original=val.get("original"))
+    return Pair(pairid=int(_field(p, "pairid", file, where)), imgid=int(_field(p, "imgid", file, where)),
+                split=_field(p, "split", file, where), sides=sides)
+
+
+def load_vocabulary(path: str | os.PathLike) -> Vocabulary:
+    """Read ``chars.json`` (key ``symbols``) or ``words.json`` (key ``tokens``)."""
+    path = Path(path)
+    data = _read_json(path)
+    symbols = data.get("symbols", data.get("tokens"))
+    if not isinstance(symbols, list):
+        raise UserError(f"{path}: missing field 'symbols' (chars) or 'tokens' (words)")
+    vocab = Vocabulary(symbols=symbols, counts=data.get("counts", {}), min_count=data.get("min_count", 1),
+                       lowercase=data.get("lowercase", True), pad=data.get("pad", PAD),
+                       unk=data.get("unk", UNK))
+    if symbols[:2] != [vocab.pad, vocab.unk]:
+        raise UserError(f"{path}: the first two symbols must be '{vocab.pad}' and '{vocab.unk}'")
+    return vocab

@@ -1,0 +1,89 @@
+"""Tokenization with spaCy's blank (rule-based, offline) tokenizers, and Japanese transliteration.
+
+English and German: the text is lowercased (as the papers do) and split by ``spacy.blank(lang)``.
+Japanese: ``spacy.blank("ja")`` (SudachiPy, split mode A) cuts the sentence into words; each word
+is transliterated to Hepburn romaji with pykakasi, so that character models see a small Latin
+alphabet. The romaji words are the tokens; ``raw`` is the words joined by single spaces, with
+punctuation attached to the word before it ("shiroi sara no ue ni keeki ga oka re te i masu.").
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Iterable, Sequence
+from functools import cache
+
+from prep.errors import UserError
+
+SUPPORTED = ("en", "de", "ja")
+
+
+@cache
+def _blank(lang: str):  # -> spacy.Language (imported lazily: spaCy takes a second to load)
+    import spacy
+
+    try:
+        return spacy.blank(lang)
+    except ImportError as exc:  # the Japanese tokenizer needs sudachipy + sudachidict_core
+        raise UserError(f"spaCy's '{lang}' tokenizer is unavailable: {exc}") from None
+
+
+@cache
+def _kakasi():
+    import pykakasi
+
+    return pykakasi.kakasi()
+
+
+def normalize(text: str) -> str:
+    """Unicode NFKC, whitespace runs collapsed to one space, stripped (the text every stage sees)."""
+    return " ".join(unicodedata.normalize("NFKC", text).split())
+
+
+def romanize(text: str) -> str:
+    """Hepburn romaji of Japanese ``text`` (Latin letters, digits and punctuation pass through)."""
+    return "".join(item["hepburn"] for item in _kakasi().convert(text))
+
+
+def tokenize(texts: Sequence[str], lang: str, lowercase: bool = True) -> list[list[str]]:
+    """Tokens of each text (English/German); lowercased first when ``lowercase``."""
+    if lang not in SUPPORTED:
+        raise UserError(f"unsupported language '{lang}' (supported: {', '.join(SUPPORTED)})")
+    if lang == "ja":
+        return [transliterate(t, lowercase)[1] for t in texts]
+    nlp = _blank(lang)
+    prepared = [t.lower() if lowercase else t for t in texts]
+    docs = nlp.tokenizer.pipe(prepared, batch_size=2000)
+    return [[tok.text for tok in doc if not tok.is_space] for doc in docs]
+
+
+def transliterate(text: str, lowercase: bool = True) -> tuple[str, list[str]]:
+    """``(raw, tokens)`` of a Japanese sentence: romaji words joined by spaces, and those words."""
+    doc = _blank("ja").tokenizer(text)
+    tokens: list[str] = []
+    raw_parts: list[str] = []
+    for word in doc:
+        if word.is_space:
+            continue
+        roman = romanize(word.text).strip()
+        if lowercase:
+            roman = roman.lower()
+        if not roman:
+            continue
+        tokens.append(roman)
+        if word.is_punct and raw_parts:
+            raw_parts[-1] += roman
+        else:
+            raw_parts.append(roman)
+    return " ".join(raw_parts), tokens
+
+
+def tokenize_many(items: Iterable[tuple[str, str]], lowercase: bool = True) -> list[list[str]]:
+    """Tokens of ``(lang, text)`` items in any mix of languages, batched per language."""
+    items = list(items)
+    out: list[list[str]] = [[] for _ in items]
+    for lang in sorted({lang for lang, _ in items}):
+        rows = [i for i, (lg, _) in enumerate(items) if lg == lang]
+        for i, toks in zip(rows, tokenize([items[i][1] for i in rows], lang, lowercase), strict=True):
+            out[i] = toks
+    return out

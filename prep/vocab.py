@@ -1,0 +1,40 @@
+"""Vocabularies of the train split: the character alphabet and the word vocabulary.
+
+Both start with ``<pad>`` (index 0) and ``<unk>`` (index 1); the remaining symbols are those seen
+at least ``min_count`` times in the train split, most frequent first (ties by symbol), so the
+order is deterministic. Symbols of val/test sentences never enter: that is the leak the older
+codebases had.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from prep.dataset import PAD, UNK
+
+
+def _ordered(counts: Counter, min_count: int) -> list[str]:
+    kept = [(s, c) for s, c in counts.items() if c >= min_count and s not in (PAD, UNK)]
+    return [s for s, _ in sorted(kept, key=lambda sc: (-sc[1], sc[0]))]
+
+
+def build_char_vocabulary(texts: Iterable[str], min_count: int = 1, lowercase: bool = True) -> dict[str, Any]:
+    """``chars.json`` content from the train ``raw`` texts (lowercased when ``lowercase``)."""
+    counts: Counter = Counter()
+    for text in texts:
+        counts.update(text.lower() if lowercase else text)
+    symbols = [PAD, UNK, *_ordered(counts, min_count)]
+    return {"pad": PAD, "unk": UNK, "symbols": symbols,
+            "counts": {s: counts[s] for s in symbols[2:]}, "min_count": min_count, "lowercase": lowercase}
+
+
+def build_word_vocabulary(token_lists: Iterable[Iterable[str]], min_count: int = 1) -> dict[str, Any]:
+    """``words.json`` content from the train sentences' tokens."""
+    counts: Counter = Counter()
+    for tokens in token_lists:
+        counts.update(tokens)
+    tokens_kept = [PAD, UNK, *_ordered(counts, min_count)]
+    return {"pad": PAD, "unk": UNK, "min_count": min_count, "tokens": tokens_kept,
+            "counts": {t: counts[t] for t in tokens_kept[2:]}}

@@ -1,0 +1,93 @@
+"""``prep`` on the real data of ``../shared/data`` (skipped when it is absent)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from prep.cli import main
+from prep.dataset import PreparedDataset
+from prep.sources.coco import karpathy_from_flat
+
+
+def _prep(args: list[str]) -> None:
+    assert main(args) == 0
+
+
+def test_f8k_token_file(flickr8k_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "f8k"
+    _prep(["f8k", "--token-file", str(flickr8k_dir / "Flickr8k.token.txt"),
+           "--images", str(flickr8k_dir / "images"), "--out", str(out)])
+    summary = capsys.readouterr().out
+    assert "train 6000 images / 30000 sentences" in summary
+    ds = PreparedDataset.load(out)
+    assert {sp: c["images"] for sp, c in ds.counts().items()} == {"train": 6000, "val": 1000, "test": 1000}
+    assert all(len(im.sentids) == 5 for im in ds.images)
+    # the order of the official lists (and of Karpathy's dataset_flickr8k.json)
+    first_train = (flickr8k_dir / "Flickr_8k.trainImages.txt").read_text().split()[0]
+    assert ds.images[0].filename == first_train and ds.images[6000].split == "val"
+    assert ds.images[0].path == (flickr8k_dir / "images" / first_train).resolve()
+    rec = ds.record
+    assert rec["excluded"] == {"images_in_no_split": 92}
+    assert rec["missing_images"]["count"] == 8000 - 2  # only two images are in the shared folder
+    s = ds.sentences_of("train")[0]
+    assert s.lang == "en" and s.tokens == tuple(t.lower() for t in s.tokens)
+
+
+def test_f8k_vocabulary_is_train_only(flickr8k_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "f8k"
+    _prep(["f8k", "--token-file", str(flickr8k_dir / "Flickr8k.token.txt"), "--out", str(out),
+           "--min-word-count", "2"])
+    ds = PreparedDataset.load(out)
+    train_counts = Counter(t for s in ds.sentences_of("train") for t in s.tokens)
+    test_only = {t for s in ds.sentences_of("test") for t in s.tokens} - set(train_counts)
+    assert test_only, "the real test split has words never seen in train"
+    assert not test_only & set(ds.words.symbols)
+    assert all(train_counts[t] >= 2 for t in ds.words.symbols[2:])
+    assert ds.words.symbols[:2] == ["<pad>", "<unk>"] and ds.chars.symbols[:2] == ["<pad>", "<unk>"]
+    train_chars = {c for s in ds.sentences_of("train") for c in s.raw.lower()}
+    assert set(ds.chars.symbols[2:]) == train_chars
+
+
+def test_coco_sample_karpathy(coco_sample: Path, tmp_path: Path) -> None:
+    karpathy = tmp_path / "dataset_coco_sample.json"
+    data = karpathy_from_flat(coco_sample / "train.json", coco_sample / "val.json", karpathy)
+    assert len(data["images"]) == 801
+    out = tmp_path / "coco"
+    _prep(["coco", "--karpathy", str(karpathy), "--images", str(coco_sample / "images"), "--out", str(out)])
+    ds = PreparedDataset.load(out)
+    assert {sp: c["images"] for sp, c in ds.counts().items()} == {"train": 600, "val": 100, "test": 101}
+    assert ds.record["missing_images"]["count"] == 0
+    assert all(im.path.is_file() for im in ds.images)
+    first = json.loads((coco_sample / "train.json").read_text())[0]
+    assert ds.images[0].cocoid == int(first["image_id"].split("_")[-1].split(".")[0])
+    assert ds.sentences[0].raw == first["caption"]
+    assert len(ds.sentences) == 4000
+
+
+def test_coco_official_caption_schema(coco_annotation_samples: Path, tmp_path: Path) -> None:
+    # The shared samples keep the real schema and values, but their images and annotations are not
+    # aligned: give each real annotation to a real image in turn, and split the images 60/20/10/10.
+    real = json.loads((coco_annotation_samples / "captions_val2014.json_samples.json").read_text())
+    ids = [im["id"] for im in real["images"]]
+    for k, ann in enumerate(real["annotations"]):
+        ann["image_id"] = ids[k % len(ids)]
+    ann_file = tmp_path / "captions_val2014.json"
+    ann_file.write_text(json.dumps(real))
+    split_file = tmp_path / "splits.json"
+    split_file.write_text(json.dumps({"train": ids[:60], "restval": ids[60:80], "val": ids[80:90],
+                                      "test": ids[90:]}))
+    out = tmp_path / "coco"
+    _prep(["coco", "--annotations", str(ann_file), "--split-file", str(split_file), "--out", str(out)])
+    ds = PreparedDataset.load(out)
+    assert {sp: c["images"] for sp, c in ds.counts().items()} == {"train": 80, "val": 10, "test": 10}
+    assert sum(im.karpathy_split == "restval" for im in ds.images) == 20
+    assert ds.images[0].filepath == "val2014" and ds.images[0].cocoid == ids[0]
+    assert ds.sentences[0].raw == " ".join(real["annotations"][0]["caption"].split())
+    _prep(["coco", "--annotations", str(ann_file), "--split-file", str(split_file), "--out", str(out),
+           "--no-restval"])
+    ds = PreparedDataset.load(out)
+    assert ds.counts()["train"]["images"] == 60 and ds.record["excluded"] == {"restval_images": 20}
