@@ -1,0 +1,153 @@
+"""Robust image loading: any file a photo collection contains -> an 8-bit RGB ``PIL.Image``.
+
+Conversions (chosen so that every photo of COCO / Flickr gives the pixels a viewer would show):
+
+- EXIF orientation is applied (``ImageOps.exif_transpose``), as browsers and annotators saw the image.
+- Grayscale (``1``, ``L``), palette without transparency, ``YCbCr`` and ``CMYK`` convert with PIL's own
+  conversion to ``RGB``.
+- Transparency (``RGBA``, ``LA``, ``PA``, palette or ``L``/``RGB`` with a ``transparency`` entry) is
+  **composited on white**, not dropped: pixels with alpha 0 often store arbitrary colour (black is common),
+  which dropping the alpha would show; white is the page background such images were made for.
+- 16-bit and 32-bit integer images (``I;16*`` PNG/TIFF, ``I``) are **scaled** to 8 bit by ``v * 255 / 65535``
+  (rounded), never clipped; an ``I`` image whose values all fit in 0..255 is taken as 8-bit data.
+  Float images (``F``) in 0..1 are scaled by 255, otherwise clipped to 0..255.
+- Very large images are reduced while decoding: a JPEG whose shorter side exceeds ``large_side`` is decoded
+  at a DCT scale (``Image.draft``) that keeps the shorter side at least ``large_side``; other formats are
+  reduced by an integer box filter (``Image.reduce``) to the same bound. The features later resize the
+  shorter side to 256 (or the network's scale), so nothing the network sees is lost.
+- Tiny images (down to 1x1) load as they are; the resize to the network's scale upsamples them.
+
+Unusable files raise :class:`ImageError` with a short reason: missing, empty, not an image, truncated or
+corrupt data, or more pixels than ``max_pixels`` (a decompression bomb; checked from the header before any
+pixel is decoded).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from prep.errors import UserError
+
+#: Default pixel limit: PIL's own warning level (about 89.5 Mpx, i.e. 0.25 GiB at 24 bit); a 10000x8000
+#: photo (80 Mpx) is still accepted.
+DEFAULT_MAX_PIXELS = 89_478_485
+#: Shorter side above which images are reduced while decoding.
+DEFAULT_LARGE_SIDE = 1024
+
+
+class ImageError(UserError):
+    """An image file that cannot be used; ``reason`` is short (``"truncated file"``), ``path`` names it.
+
+    A subclass of :class:`prep.errors.UserError`, so that ``--on-error fail`` reports it in one line.
+    """
+
+    def __init__(self, reason: str, path: str | Path | None = None) -> None:
+        self.reason = reason
+        self.path = None if path is None else str(path)
+        super().__init__(reason if path is None else f"{path}: {reason}")
+
+
+def load_image(
+    path: str | Path,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    large_side: int = DEFAULT_LARGE_SIDE,
+) -> Image.Image:
+    """Open ``path`` and return it as an 8-bit RGB image with EXIF orientation applied.
+
+    ``max_pixels``: images with more pixels (width x height from the header) raise
+    ``ImageError("decompression bomb ...")`` before decoding. ``large_side``: images whose shorter side is
+    larger are reduced while decoding (see the module docstring). Raises :class:`ImageError` for missing,
+    empty, unrecognised, truncated or corrupt files.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ImageError("missing file", path)
+    if path.stat().st_size == 0:
+        raise ImageError("empty file", path)
+    try:
+        with Image.open(path) as img:
+            width, height = img.size
+            if width * height > max_pixels:
+                reason = f"decompression bomb: {width}x{height} = {width * height} pixels > {max_pixels}"
+                raise ImageError(reason, path)
+            _reduce_while_decoding(img, large_side)
+            img.load()
+            img = _reduce_after_decoding(img, large_side)
+            img = ImageOps.exif_transpose(img)
+            rgb = to_rgb(img)
+    except ImageError:
+        raise
+    except Image.DecompressionBombError as exc:
+        raise ImageError(f"decompression bomb: {exc}", path) from exc
+    except UnidentifiedImageError as exc:
+        raise ImageError("not a recognised image file", path) from exc
+    except (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError) as exc:
+        # PIL signals truncated / corrupt data with these (e.g. "image file is truncated").
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "truncat" in reason.lower():
+            raise ImageError("truncated file", path) from exc
+        raise ImageError(f"corrupt image data ({reason})", path) from exc
+    if rgb.width < 1 or rgb.height < 1:
+        raise ImageError("image has no pixels", path)
+    return rgb
+
+
+def _reduce_while_decoding(img: Image.Image, large_side: int) -> None:
+    """JPEG only: decode at the smallest DCT scale whose shorter side is still >= ``large_side``."""
+    if img.format == "JPEG" and min(img.size) > large_side:
+        # draft keeps both sides >= the request, so ask for the shorter side on both axes
+        img.draft(img.mode, (large_side, large_side))
+
+
+_REDUCIBLE_MODES = ("L", "RGB", "RGBA", "LA", "CMYK", "YCbCr", "I", "F")
+
+
+def _reduce_after_decoding(img: Image.Image, large_side: int) -> Image.Image:
+    factor = min(img.size) // large_side
+    if factor >= 2 and img.mode in _REDUCIBLE_MODES:
+        return img.reduce(factor)
+    return img
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """Convert a decoded image of any PIL mode to 8-bit ``RGB`` (conversions: see the module docstring)."""
+    mode = img.mode
+    if mode == "RGB" and "transparency" not in img.info:
+        return img.copy()
+    if mode.startswith("I;16") or mode in ("I", "F"):
+        return _high_depth_to_rgb(img)
+    if mode == "P" or "transparency" in img.info:
+        has_alpha = "transparency" in img.info or mode == "PA"
+        img = img.convert("RGBA" if has_alpha else "RGB")
+        mode = img.mode
+        if mode == "RGB":
+            return img
+    if mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    try:
+        return img.convert("RGB")
+    except ValueError as exc:
+        raise ImageError(f"unsupported image mode {mode}") from exc
+
+
+def _high_depth_to_rgb(img: Image.Image) -> Image.Image:
+    """16/32-bit integer or float grayscale -> 8-bit RGB by scaling (not clipping)."""
+    arr = np.asarray(img)
+    if img.mode == "F":
+        values = arr.astype(np.float64)
+        finite = values[np.isfinite(values)]
+        scale = 255.0 if finite.size and finite.max() <= 1.0 and finite.min() >= 0.0 else 1.0
+        out = np.clip(np.nan_to_num(values) * scale, 0, 255)
+    else:
+        values = arr.astype(np.float64)
+        if img.mode == "I" and values.min() >= 0 and values.max() <= 255:
+            out = values  # 8-bit data stored in a 32-bit container
+        else:
+            out = np.clip(values, 0, 65535) * (255.0 / 65535.0)
+    gray = Image.fromarray(np.rint(out).astype(np.uint8))
+    return gray.convert("RGB")

@@ -1,0 +1,195 @@
+"""The mapper of the feature extraction: a list of images in, a block of feature rows out.
+
+``ImageMapper(backbone, kind="global"|"fne", crops=10|1, batch_size, device, amp)`` builds each image's
+crops (:mod:`features.crops`), runs the network over the crops in batches of ``batch_size`` crops under
+``torch.inference_mode()``, and averages each image's crop features after the layer's non-linearity
+(fc7's ReLU for VGG; every activation for the FNE, :mod:`features.fne`). The executor outside (in-process
+or a Dask worker) builds it once from a plain config (:meth:`ImageMapper.from_config`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from features.backbones import Backbone, load_backbone
+from features.crops import image_crops
+from features.fne import FullNetworkRecorder
+from prep.errors import UserError
+
+KINDS = ("global", "fne")
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``"auto"``/``None`` -> CUDA when available, else CPU; ``"cuda"`` without a GPU is a UserError."""
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for, but no CUDA GPU is available")
+    return dev
+
+
+class ImageMapper:
+    """Images -> averaged crop features, float32.
+
+    ``outputs`` maps array names to widths (``{"global": 4096}`` or ``{"fne/raw": 12416}``);
+    ``mapper(images)`` returns ``{name: np.ndarray (len(images), width) float32}`` in the images' order.
+
+    Determinism: on CPU the same image gives a bit-identical row whatever other images share the call: each
+    image's crops run as their own forward passes (chunks of at most ``batch_size`` crops). Changing
+    ``batch_size`` below the crop count can change rows in the last bits (different kernel shapes). On CUDA
+    whole images are packed into batches of about ``batch_size`` crops, and rows may differ in the last bits
+    with the grouping.
+    """
+
+    def __init__(
+        self,
+        backbone: Backbone,
+        kind: str = "global",
+        crops: int = 10,
+        batch_size: int = 32,
+        device: str | torch.device | None = "cpu",
+        amp: bool = False,
+    ) -> None:
+        if kind not in KINDS:
+            raise UserError(f"unknown feature kind {kind!r}: use one of {', '.join(KINDS)}")
+        if crops not in (1, 10):
+            raise UserError(f"--crops must be 1 or 10, not {crops}")
+        if batch_size < 1:
+            raise UserError(f"--batch-size must be at least 1, not {batch_size}")
+        self.backbone = backbone
+        self.kind = kind
+        self.crops = crops
+        self.batch_size = batch_size
+        self.device = resolve_device(device)
+        # CPU kernels round differently for different batch shapes (VGG: up to 3e-7), so on CPU each image's
+        # crops go through alone and a row never depends on the other images of a call; on CUDA whole
+        # images are packed into batches of up to batch_size crops for throughput.
+        self.images_per_pass = max(1, batch_size // crops) if self.device.type == "cuda" else 1
+        self.amp = bool(amp) and self.device.type == "cuda"
+        self.model = backbone.model.to(self.device).eval()
+        self._build_kw: dict[str, Any] = {}
+        self._layers = self._probe_layers()
+        width = sum(w for _, w in self._layers) if kind == "fne" else backbone.global_dim
+        self.outputs: dict[str, int] = {"global" if kind == "global" else "fne/raw": int(width)}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> ImageMapper:
+        """Build from :attr:`config`'s plain dict (``cnn``, ``weights``, ``kind``, ``crops``,
+        ``batch_size``, ``device``, ``amp``, optional ``allow_download``, ``input_size``, ``resize``,
+        ``seed``), e.g. once per Dask worker."""
+        backbone = load_backbone(
+            config["cnn"],
+            config.get("weights", "imagenet"),
+            bool(config.get("allow_download", False)),
+            input_size=config.get("input_size"),
+            resize=config.get("resize"),
+            seed=int(config.get("seed", 0)),
+        )
+        mapper = cls(
+            backbone,
+            kind=config.get("kind", "global"),
+            crops=int(config.get("crops", 10)),
+            batch_size=int(config.get("batch_size", 32)),
+            device=config.get("device", "cpu"),
+            amp=bool(config.get("amp", False)),
+        )
+        mapper._build_kw = {
+            "allow_download": bool(config.get("allow_download", False)),
+            "seed": int(config.get("seed", 0)),
+        }
+        return mapper
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """Plain, JSON-able dict that :meth:`from_config` turns back into an equal mapper."""
+        b = self.backbone
+        weights = "none" if b.weights.startswith("none") else b.weights
+        return {
+            "cnn": b.name,
+            "weights": weights,
+            "allow_download": self._build_kw.get("allow_download", False),
+            "seed": self._build_kw.get("seed", 0),
+            "kind": self.kind,
+            "crops": self.crops,
+            "batch_size": self.batch_size,
+            "device": str(self.device),
+            "amp": self.amp,
+            "input_size": b.input_size,
+            "resize": b.resize,
+        }
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        """What produced the rows: network, weights checksum, crops, sizes, normalisation, layers."""
+        import timm
+        import torchvision
+
+        b = self.backbone
+        return {
+            "network": b.name,
+            "weights": b.weights,
+            "weights_file": b.weights_file,
+            "weights_sha256": b.weights_sha256,
+            "kind": self.kind,
+            "crops": self.crops,
+            "crop_positions": "4 corners + centre, then their mirrors" if self.crops == 10 else "centre",
+            "input_size": b.input_size,
+            "resize": b.resize,
+            "interpolation": b.interpolation,
+            "mean": list(b.mean),
+            "std": list(b.std),
+            "outputs": dict(self.outputs),
+            "layers": [{"name": n, "width": w} for n, w in self._layers],
+            "amp": self.amp,
+            "torch": torch.__version__,
+            "torchvision": torchvision.__version__,
+            "timm": timm.__version__,
+        }
+
+    def _probe_layers(self) -> list[tuple[str, int]]:
+        """Layer names and widths from one forward pass of a zero image."""
+        x = torch.zeros(1, 3, self.backbone.input_size, self.backbone.input_size, device=self.device)
+        if self.kind == "global":
+            return [("global", self.backbone.global_dim)]
+        with torch.inference_mode(), FullNetworkRecorder(self.model) as rec:
+            self.model(x)
+            _, layers = rec.take()
+        return layers
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(n, 3, S, S) crops -> (n, width) float32 features."""
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.amp):
+            if self.kind == "global":
+                return self.model(x).float()
+            with FullNetworkRecorder(self.model) as rec:
+                self.model(x)
+                out, _ = rec.take()
+            return out.float()
+
+    def __call__(self, images: list[Image.Image]) -> dict[str, np.ndarray]:
+        """``images`` (RGB PIL images, see :func:`features.images.load_image`) ->
+        ``{name: (len(images), width) float32}``, each row the mean over the image's crops."""
+        (name, width), = self.outputs.items()
+        out = np.empty((len(images), width), dtype=np.float32)
+        b = self.backbone
+        with torch.inference_mode():
+            for start in range(0, len(images), self.images_per_pass):
+                group = images[start : start + self.images_per_pass]
+                crops = torch.cat(
+                    [
+                        image_crops(img, b.resize, b.input_size, b.mean, b.std, self.crops, b.interpolation)
+                        for img in group
+                    ]
+                )
+                feats = []
+                for c0 in range(0, crops.shape[0], self.batch_size):
+                    chunk = crops[c0 : c0 + self.batch_size].to(self.device, non_blocking=True)
+                    feats.append(self._forward(chunk))
+                per_crop = torch.cat(feats).view(len(group), self.crops, width)
+                out[start : start + len(group)] = per_crop.mean(dim=1).cpu().numpy()
+        return {name: out}
