@@ -1,0 +1,276 @@
+"""``train evaluate``: retrieval metrics of a trained run or of saved embeddings, and the analyses.
+
+Two sources:
+
+* ``--run RUN_DIR``: embeds a split with the run's model (best or last checkpoint) and evaluates
+  it with the run's similarity; ``--noise`` and ``--length-analysis`` add the CHAIN-VSE analyses.
+  JSON and PNG outputs go to ``RUN_DIR/eval/`` unless ``--out`` says otherwise.
+* ``--img-emb IMG.npy --cap-emb CAP.npy``: embeddings saved by any codebase in the VSE++ layout
+  (one image per row, ``--captions-per-image`` captions per image in image order; an image file
+  with one row per caption, as VSE++ sometimes saves it, is reduced to every k-th row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from prep.errors import UserError
+from prep.io import write_json_atomic
+from train.evaluate import (
+    MEASURES,
+    PROTOCOLS,
+    ProtocolResult,
+    TileHook,
+    chance_metrics,
+    evaluate_protocols,
+    protocol_folds,
+    select_images,
+    vsepp_caption_image,
+)
+from train.report import format_length_table, format_noise_table, format_results, protocol_label, results_json
+
+Log = Callable[[str], None]
+
+
+def parse_protocols(values: Sequence[str] | None) -> list[str]:
+    """``--protocol`` values (repeatable, each possibly a comma list) -> protocol names, in order."""
+    names: list[str] = []
+    for value in values or ["all"]:
+        for name in value.split(","):
+            name = name.strip()
+            if not name:
+                continue
+            if name not in PROTOCOLS:
+                raise UserError(f"--protocol {name!r}: expected one of {', '.join(PROTOCOLS)}")
+            if name not in names:
+                names.append(name)
+    return names or ["all"]
+
+
+def load_embedding_file(path: str | Path, what: str) -> np.ndarray:
+    """A 2-D float array from ``.npy`` (or ``.npz`` with one array), as float32 (rows, d)."""
+    path = Path(path)
+    try:
+        data = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise UserError(f"{path}: {what} embeddings file not found") from None
+    except (ValueError, OSError) as exc:
+        raise UserError(f"{path}: cannot read {what} embeddings as .npy ({exc})") from None
+    if isinstance(data, np.lib.npyio.NpzFile):
+        keys = list(data.keys())
+        if len(keys) != 1:
+            raise UserError(f"{path}: expected one array in the .npz, found {keys}")
+        data = data[keys[0]]
+    if data.ndim != 2 or not np.issubdtype(data.dtype, np.number):
+        raise UserError(f"{path}: {what} embeddings must be a 2-D numeric array, got {data.dtype} "
+                        f"{data.shape}")
+    return np.ascontiguousarray(data, dtype=np.float32)
+
+
+def vsepp_images(images: np.ndarray, n_captions: int, captions_per_image: int, log: Log) -> np.ndarray:
+    """Image rows in the VSE++ layout: one per image, or one per caption reduced to every k-th row."""
+    k = captions_per_image
+    if k < 1:
+        raise UserError("--captions-per-image must be at least 1")
+    if images.shape[0] == n_captions and k > 1:
+        repeats = images.reshape(-1, k, images.shape[1])
+        same = bool((repeats == repeats[:, :1]).all())
+        log(f"note: the image file has one row per caption ({n_captions}); taking every {k}th row "
+            f"-> {n_captions // k} images" + ("" if same else " (the repeated rows are NOT identical)"))
+        images = images[::k]
+    if images.shape[0] * k != n_captions:
+        raise UserError(f"{images.shape[0]} images x {k} captions per image != {n_captions} captions "
+                        "(check --captions-per-image or the files)")
+    return images
+
+
+def _progress_hook(results_total: int) -> tuple[TileHook, Callable[[], None]]:
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=results_total, unit="pair", unit_scale=True, desc="ranking", leave=False)
+
+    def on_tile(i0: int, i1: int, c0: int, c1: int) -> None:
+        bar.update((i1 - i0) * (c1 - c0))
+
+    return on_tile, bar.close
+
+
+def _pairs_total(n_images: int, caption_image: torch.Tensor, protocols: Sequence[str], fold_size: int) -> int:
+    total = 0
+    for protocol in protocols:
+        for start, stop in protocol_folds(protocol, n_images, fold_size):
+            total += (stop - start) * int(((caption_image >= start) & (caption_image < stop)).sum())
+    return total
+
+
+def evaluate_and_report(images: torch.Tensor, captions: torch.Tensor, caption_image: torch.Tensor,
+                        measure: str, protocols: Sequence[str], order_sqrt: bool = False,
+                        fold_size: int = 1000, device: str = "auto", chance: bool = False,
+                        json_path: Path | None = None, title: str | None = None,
+                        block_images: int | None = None, block_captions: int | None = None,
+                        log: Log = print) -> dict[str, ProtocolResult]:
+    """Evaluate (N, d) images and (M, d) captions under ``protocols``; print the table, write JSON."""
+    t0 = time.perf_counter()
+    on_tile, close = _progress_hook(_pairs_total(images.shape[0], caption_image, protocols, fold_size))
+    try:
+        results = evaluate_protocols(images, captions, caption_image, measure, protocols, order_sqrt,
+                                     fold_size, device, block_images, block_captions, on_tile=on_tile)
+    finally:
+        close()
+    chance_rows = None
+    if chance:
+        chance_rows = {}
+        for protocol in protocols:
+            start, stop = protocol_folds(protocol, images.shape[0], fold_size)[0]
+            _, _, f_ci = select_images(images, captions, caption_image, start, stop)
+            chance_rows[protocol] = chance_metrics(f_ci.numpy(), stop - start)
+    log(format_results(results, chance_rows, title))
+    elapsed = time.perf_counter() - t0
+    summary = (f"evaluated {images.shape[0]} images x {captions.shape[0]} captions (d = {images.shape[1]}, "
+               f"{measure}{' sqrt' if measure == 'order' and order_sqrt else ''}) under "
+               f"{', '.join(protocol_label(p) for p in protocols)} in {elapsed:.1f}s")
+    if json_path is not None:
+        write_json_atomic(json_path, results_json(results))
+        summary += f"; wrote {json_path}"
+    log(summary)
+    return results
+
+
+def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = ("all",),
+                 noise: str | None = None, length_analysis: bool = False, checkpoint: str = "best",
+                 device: str = "auto", json_path: Path | None = None, out_dir: Path | None = None,
+                 chance: bool = False, noise_seed: int = 0, length_count: int = 100,
+                 fold_size: int = 1000, log: Log = print) -> dict[str, ProtocolResult]:
+    """Evaluate a run directory's model on ``split``; optionally the noise and length analyses.
+
+    Writes ``<out>/<split>_<checkpoint>.json`` (the protocol JSON), and with the analyses
+    ``<out>/noise_<split>.json`` + ``.png`` and ``<out>/length_<split>.json``; ``out`` defaults to
+    ``RUN_DIR/eval``.
+    """
+    from train.analysis import alphabet_from_chars_json, noise_robustness, parse_ratio_range, plot_noise
+    from train.analysis import length_analysis as run_length_analysis
+    from train.runs import embed_split, encode_texts, load_run
+
+    protocols = parse_protocols(protocols)
+    ratios = parse_ratio_range(noise) if noise else None
+    run = load_run(run_dir, checkpoint, device)
+    measure, order_sqrt = run.settings.measure, bool(run.settings.order_sqrt)
+    out = Path(out_dir) if out_dir is not None else Path(run_dir) / "eval"
+    log(f"embedding the {split} split with {Path(run_dir).name} ({checkpoint} checkpoint, epoch {run.epoch}) "
+        f"on {run.device}")
+    emb = embed_split(run, split)
+    title = f"{Path(run_dir).name}: {split} ({checkpoint} checkpoint, epoch {run.epoch}, {measure})"
+    results = evaluate_and_report(emb.images, emb.captions, emb.caption_image, measure, protocols, order_sqrt,
+                                  fold_size, str(run.device), chance,
+                                  json_path or out / f"{split}_{checkpoint}.json", title, log=log)
+    if ratios is not None:
+        chars = Path(run.settings.data or "") / "chars.json"
+        alphabet = alphabet_from_chars_json(chars) if chars.is_file() else None
+        protocol = protocols[0]
+        log(f"noise analysis: {len(ratios)} ratios, protocol {protocol_label(protocol)}, seed {noise_seed}, "
+            f"alphabet {'from ' + str(chars) if alphabet else 'of the captions'}")
+        result = noise_robustness(
+            emb.images, emb.texts, emb.caption_image, lambda texts: encode_texts(run, texts), measure,
+            ratios, protocol, alphabet, noise_seed, order_sqrt, fold_size, run.device,
+            progress=lambda r, m: log(f"  noise {100 * r:.1f}%: i2t R@1 {m.i2t.r1:.1f} R@10 {m.i2t.r10:.1f}, "
+                                      f"t2i R@1 {m.t2i.r1:.1f} R@10 {m.t2i.r10:.1f}"))
+        log(format_noise_table([0.0] + result.ratios, [result.clean] + result.metrics,
+                               title=f"Robustness to input noise ({split}, {protocol_label(protocol)})"))
+        write_json_atomic(out / f"noise_{split}.json", result.to_json())
+        png = plot_noise(result, out / f"noise_{split}.png")
+        log(f"wrote {out / f'noise_{split}.json'} and {png}")
+    if length_analysis:
+        groups = run_length_analysis(emb.images, emb.captions, emb.caption_image, emb.texts, measure,
+                                     length_count, order_sqrt, run.device)
+        log(format_length_table(groups, title=f"Impact of text length ({split})"))
+        write_json_atomic(out / f"length_{split}.json", {
+            name: {d: {"r1": getattr(m, d).r1, "meanr": getattr(m, d).meanr} for d in ("i2t", "t2i")}
+            for name, m in groups.items()})
+        log(f"wrote {out / f'length_{split}.json'}")
+    return results
+
+
+def _evaluate_files(args: argparse.Namespace, protocols: list[str]) -> None:
+    if args.measure is None:
+        raise UserError("--measure order|cosine is required with --img-emb")
+    if args.cap_emb is None:
+        raise UserError("--cap-emb is required with --img-emb")
+    if args.noise or args.length_analysis:
+        raise UserError("--noise and --length-analysis re-encode or read the captions: use --run")
+    captions = load_embedding_file(args.cap_emb, "caption")
+    images = vsepp_images(load_embedding_file(args.img_emb, "image"), captions.shape[0],
+                          args.captions_per_image, print)
+    caption_image = torch.from_numpy(vsepp_caption_image(images.shape[0], args.captions_per_image))
+    evaluate_and_report(torch.from_numpy(images), torch.from_numpy(captions), caption_image, args.measure,
+                        protocols, args.order_sqrt, args.fold_size, args.device, args.chance,
+                        Path(args.json) if args.json else None, title=f"{args.img_emb} / {args.cap_emb}",
+                        block_images=args.block_images, block_captions=args.block_captions)
+
+
+def _command(args: argparse.Namespace) -> int:
+    protocols = parse_protocols(args.protocol)
+    if args.run is not None:
+        if args.img_emb or args.cap_emb:
+            raise UserError("give either --run or --img-emb/--cap-emb, not both")
+        if args.measure is not None:
+            raise UserError("--measure comes from the run's configuration; drop it with --run")
+        evaluate_run(Path(args.run), args.split, protocols, args.noise, args.length_analysis, args.checkpoint,
+                     args.device, Path(args.json) if args.json else None,
+                     Path(args.out) if args.out else None, args.chance, args.noise_seed, args.length_count,
+                     args.fold_size)
+    elif args.img_emb is not None:
+        _evaluate_files(args, protocols)
+    else:
+        raise UserError("nothing to evaluate: give --run RUN_DIR or --img-emb IMG.npy --cap-emb CAP.npy")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``evaluate`` subcommand."""
+    p = subparsers.add_parser(
+        "evaluate", help="R@K / median / mean rank of a run or of saved embeddings (COCO-1k/5cv/5k, all)",
+        description="Image-to-text and text-to-image retrieval metrics (R@1, R@5, R@10, median and mean "
+        "rank), computed in bounded-memory blocks, under the protocols COCO-1k (first 1,000-image fold), "
+        "COCO-5cv (average of five folds), COCO-5k (all 5,000) and all (the whole set, e.g. Flickr 1k test). "
+        "With --run, also the CHAIN-VSE noise-robustness and text-length analyses.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    src = p.add_argument_group("what to evaluate")
+    src.add_argument("--run", metavar="RUN_DIR", help="a run directory written by `train <family>`")
+    src.add_argument("--img-emb", metavar="IMG.npy", help="image embeddings, one row per image "
+                     "(VSE++ layout)")
+    src.add_argument("--cap-emb", metavar="CAP.npy", help="caption embeddings, captions-per-image rows per "
+                     "image, in image order")
+    src.add_argument("--measure", choices=MEASURES, default=None,
+                     help="similarity of --img-emb/--cap-emb (a run uses its own)")
+    src.add_argument("--order-sqrt", action="store_true",
+                     help="order violation with the square root (released VSE/CHAIN code); same rankings")
+    src.add_argument("--captions-per-image", type=int, default=5, help="captions per image in --cap-emb")
+    src.add_argument("--split", default="test", choices=("train", "val", "test"), help="split of --run")
+    src.add_argument("--checkpoint", default="best", choices=("best", "last"), help="checkpoint of --run")
+    ev = p.add_argument_group("protocol and output")
+    ev.add_argument("--protocol", action="append", metavar="P",
+                    help=f"one of {', '.join(PROTOCOLS)}; repeatable or a comma list (default: all)")
+    ev.add_argument("--fold-size", type=int, default=1000, help="images per COCO fold")
+    ev.add_argument("--json", metavar="PATH", help="write {protocol: {i2t, t2i, rsum}} as JSON here "
+                    "(--run default: RUN_DIR/eval/<split>_<checkpoint>.json)")
+    ev.add_argument("--out", metavar="DIR", help="folder for the outputs of --run (default RUN_DIR/eval)")
+    ev.add_argument("--chance", action="store_true", help="add the expected metrics of a random ranking")
+    ev.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    ev.add_argument("--block-images", type=int, default=None, help="tile height (default: by measure "
+                    "and device)")
+    ev.add_argument("--block-captions", type=int, default=None, help="tile width (default: by measure "
+                    "and device)")
+    an = p.add_argument_group("analyses (--run only)")
+    an.add_argument("--noise", metavar="START:STOP:STEP", help="noise robustness at these ratios of replaced "
+                    "characters, e.g. 0.01:0.25:0.01 (first --protocol)")
+    an.add_argument("--noise-seed", type=int, default=0, help="seed of the character noise")
+    an.add_argument("--length-analysis", action="store_true",
+                    help="R@1 and mean rank on the images with the longest / shortest captions (table 4)")
+    an.add_argument("--length-count", type=int, default=100, help="images per length group")
+    p.set_defaults(func=_command)
