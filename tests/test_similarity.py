@@ -1,0 +1,82 @@
+"""``train.similarity`` against values worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import train.similarity as similarity_module
+from train.similarity import cosine, order_violation, similarity
+
+
+def test_order_violation_penalises_caption_components_above_the_image():
+    images = torch.tensor([[0.8, 0.6], [0.5, 0.5]])
+    captions = torch.tensor([[0.5, 0.5], [0.8, 0.6]])
+    # [image 0, caption 0]: caption below the image -> no violation
+    # [image 0, caption 1]: equal -> 0
+    # [image 1, caption 0]: equal -> 0
+    # [image 1, caption 1]: c - i = (0.3, 0.1) -> -(0.09 + 0.01) = -0.1
+    expected = torch.tensor([[0.0, 0.0], [0.0, -0.1]])
+    torch.testing.assert_close(order_violation(images, captions), expected)
+
+
+def test_order_violation_hand_values_and_square_root():
+    images = torch.tensor([[0.6, 0.8], [1.0, 0.0]])
+    captions = torch.tensor([[0.6, 0.8], [0.0, 1.0]])
+    # c1 - i0 = (-0.6, 0.2) -> 0.04; c0 - i1 = (-0.4, 0.8) -> 0.64; c1 - i1 = (-1, 1) -> 1
+    squared = torch.tensor([[0.0, -0.04], [-0.64, -1.0]])
+    torch.testing.assert_close(order_violation(images, captions), squared)
+    rooted = torch.tensor([[0.0, -0.2], [-0.8, -1.0]])
+    torch.testing.assert_close(order_violation(images, captions, sqrt=True), rooted)
+    torch.testing.assert_close(similarity(images, captions, "order", order_sqrt=True), rooted)
+
+
+def test_order_violation_is_not_symmetric():
+    a = torch.tensor([[1.0, 0.0]])
+    b = torch.tensor([[0.0, 1.0]])
+    big = torch.tensor([[1.0, 1.0]])
+    assert order_violation(big, a).item() == 0.0  # caption a lies below image big
+    assert order_violation(a, big).item() == pytest.approx(-1.0)  # caption big above image a: (0, 1)
+    assert order_violation(a, b).item() == pytest.approx(-1.0)
+
+
+def test_cosine_is_the_inner_product():
+    images = torch.tensor([[1.0, 0.0], [0.6, 0.8]])
+    captions = torch.tensor([[0.0, 1.0], [0.6, 0.8], [1.0, 0.0]])
+    expected = torch.tensor([[0.0, 0.6, 1.0], [0.8, 1.0, 0.6]])
+    torch.testing.assert_close(cosine(images, captions), expected)
+    torch.testing.assert_close(similarity(images, captions, "cosine"), expected)
+
+
+def test_unknown_measure_is_an_error():
+    with pytest.raises(ValueError, match="unknown similarity"):
+        similarity(torch.zeros(1, 2), torch.zeros(1, 2), "euclid")
+
+
+def test_chunked_order_violation_equals_one_block(monkeypatch):
+    gen = torch.Generator().manual_seed(0)
+    images = torch.rand(5, 3, generator=gen)
+    captions = torch.rand(7, 3, generator=gen)
+    whole = order_violation(images, captions)
+    monkeypatch.setattr(similarity_module, "_ORDER_CHUNK_ELEMS", 5 * 3 * 2)  # two captions a chunk
+    torch.testing.assert_close(order_violation(images, captions), whole)
+    # the reference, written out pair by pair
+    ref = torch.tensor([[-float(((c - i).clamp_min(0) ** 2).sum()) for c in captions] for i in images])
+    torch.testing.assert_close(whole, ref)
+
+
+def test_evaluation_path_leaves_inputs_untouched():
+    images = torch.tensor([[0.2, 0.1]])
+    captions = torch.tensor([[0.5, 0.0]])
+    with torch.no_grad():
+        out = order_violation(images, captions)
+    torch.testing.assert_close(out, torch.tensor([[-0.09]]))
+    torch.testing.assert_close(captions, torch.tensor([[0.5, 0.0]]))
+    torch.testing.assert_close(images, torch.tensor([[0.2, 0.1]]))
+
+
+def test_square_root_gradient_is_finite_without_violation():
+    images = torch.tensor([[1.0, 1.0]], requires_grad=True)
+    captions = torch.tensor([[0.5, 0.5]], requires_grad=True)
+    order_violation(images, captions, sqrt=True).sum().backward()
+    assert torch.isfinite(images.grad).all() and torch.isfinite(captions.grad).all()
