@@ -1,0 +1,135 @@
+"""Benchmark of ``features``: where the time of an extraction goes (prints numbers; not a test).
+
+For one CNN on CPU or GPU it prints
+
+- the end-to-end images/s of ``features cnn`` and of ``features fne`` (in-process, store written),
+- the images/s of the bare forward pass over the same crops, already decoded and cropped,
+- the time spent decoding the JPEGs and building the crops,
+
+and the ratios end-to-end / bare forward, so the pipeline's overhead is visible.
+
+    .venv/bin/python bench/bench_features.py --cnn efficientnet_lite0 --weights none --images 32
+    .venv/bin/python bench/bench_features.py --cnn vgg16 --weights none --device cuda --images 256
+
+Images: the first N of ``--images-dir`` (default ``../shared/data/coco_sample/images``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from features.cli import resolve_device, run_features  # noqa: E402
+from features.crops import image_crops  # noqa: E402
+from features.images import load_image  # noqa: E402
+from features.mapper import ImageMapper  # noqa: E402
+from prep.pipelines import FeaturesSection  # noqa: E402
+
+
+def make_dataset(folder: Path, images: list[Path]) -> Path:
+    """A minimal prepared dataset over ``images`` (two thirds train, for the FNE statistics)."""
+    rows = [{"imgid": i, "split": "train" if i < len(images) * 2 // 3 else "test", "filename": p.name,
+             "sentids": [], "sentences": []} for i, p in enumerate(images)]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "dataset.json").write_text(json.dumps({
+        "dataset": "bench", "languages": ["en"], "pairs": [], "images_root": str(images[0].parent),
+        "images": rows}))
+    for name, key in (("chars.json", "symbols"), ("words.json", "tokens")):
+        (folder / name).write_text(json.dumps({key: ["<pad>", "<unk>"]}))
+    return folder
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def bare_forward(mapper: ImageMapper, crops: torch.Tensor, device: str, repeats: int = 2) -> float:
+    """Seconds of the network alone over pre-built crops (best of ``repeats``), fp32 or bf16 as set.
+
+    Passes have the mapper's sizes (on CPU one image's crops per pass, on CUDA about
+    ``batch_size`` crops), so the comparison with the end-to-end run is like for like.
+    """
+    step = min(mapper.batch_size, mapper.images_per_pass * mapper.crops)
+    best = float("inf")
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=mapper.amp):
+            for c0 in range(0, crops.shape[0], step):
+                mapper.model(crops[c0:c0 + step].to(device, non_blocking=True))
+        sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cnn", default="efficientnet_lite0")
+    p.add_argument("--weights", default="none")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--images", type=int, default=32)
+    p.add_argument("--crops", type=int, choices=(1, 10), default=10)
+    p.add_argument("--batch-size", type=int, default=40, help="crops per forward pass")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--amp", action="store_true")
+    p.add_argument("--images-dir", type=Path,
+                   default=ROOT.parent / "shared" / "data" / "coco_sample" / "images")
+    p.add_argument("--skip-fne", action="store_true")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    paths = sorted(args.images_dir.glob("*.jpg"))[:args.images]
+    if not paths:
+        raise SystemExit(f"no .jpg images in {args.images_dir}")
+    n = len(paths)
+    print(f"bench_features: {args.cnn} weights={args.weights} device={device} crops={args.crops} "
+          f"images={n} batch={args.batch_size} crops/pass, torch threads={torch.get_num_threads()}")
+
+    t0 = time.perf_counter()
+    images = [load_image(q) for q in paths]
+    decode_s = time.perf_counter() - t0
+    config = {"cnn": args.cnn, "weights": args.weights, "kind": "global", "crops": args.crops,
+              "batch_size": args.batch_size, "device": device, "amp": args.amp}
+    mapper = ImageMapper.from_config(config)
+    b = mapper.backbone
+    t0 = time.perf_counter()
+    crops = torch.cat([image_crops(im, b.resize, b.input_size, b.mean, b.std, args.crops, b.interpolation)
+                       for im in images])
+    crop_s = time.perf_counter() - t0
+    with torch.inference_mode():
+        crops = crops.clone()  # inference tensors, as the mapper's own
+    bare_forward(mapper, crops[: args.batch_size], device, repeats=1)  # warm-up (cuDNN, allocator)
+    forward_s = bare_forward(mapper, crops, device)
+    del mapper
+    print(f"decode (load_image, 1 thread):      {decode_s:7.2f} s  {n / decode_s:8.1f} images/s")
+    print(f"resize + crops:                     {crop_s:7.2f} s  {n / crop_s:8.1f} images/s")
+    print(f"bare forward ({crops.shape[0]} crops):        {forward_s:7.2f} s  {n / forward_s:8.1f} images/s")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = make_dataset(Path(tmp) / "prep", paths)
+        for kind in ("cnn",) if args.skip_fne else ("cnn", "fne"):
+            settings = FeaturesSection(kind=kind, data=str(data), out=str(Path(tmp) / f"{kind}.zarr"),
+                                       cnn=args.cnn, weights=args.weights, crops=args.crops,
+                                       batch_size=args.batch_size, block_size=args.block_size,
+                                       device=device, amp=args.amp)
+            t0 = time.perf_counter()
+            run_features(settings, overwrite=True, progress=False)
+            total = time.perf_counter() - t0
+            print(f"features {kind} end to end:            {total:7.2f} s  {n / total:8.1f} images/s  "
+                  f"(ratio to bare forward {total / forward_s:5.2f}x; includes model load and store)")
+
+
+if __name__ == "__main__":
+    main()

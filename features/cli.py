@@ -1,0 +1,307 @@
+"""The ``features`` command: images of a prepared dataset -> a feature store.
+
+``features cnn`` (10-crop global CNN features), ``features fne`` (the Full-Network Embedding),
+``features regions`` (not implemented yet), ``features export`` / ``features import`` (VSE++/SCAN
+precomp ``.npy`` and HDF5). Settings merge as everywhere: explicit options > ``--pipeline`` >
+the schema defaults in :mod:`prep.pipelines`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from features.executors import cached_mapper, check_scheduler, open_executor
+from features.extract import ExtractSummary, Mapper, extract, finish_fne, write_ternary
+from features.store import FeatureStore
+from prep.dataset import DATASET_FILE, PreparedDataset
+from prep.errors import UserError, run_cli
+from prep.io import sha256_file
+from prep.pipelines import FeaturesSection, add_pipeline_arguments, stage_settings
+
+PROG = "features"
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; ``cuda`` without a GPU is an error."""
+    from features.mapper import resolve_device as _resolve
+
+    return str(_resolve(device))
+
+
+@dataclass(frozen=True)
+class ImageMapperFactory:
+    """Recipe for a ``features.mapper.ImageMapper``: a plain dict, so it pickles to Dask workers.
+
+    ``device`` ``auto`` is resolved where the mapper is built (a worker may have a GPU the
+    driver lacks).
+    """
+
+    config_json: str
+
+    @classmethod
+    def from_settings(cls, settings: FeaturesSection, device: str | None = None) -> ImageMapperFactory:
+        """The recipe of the mapper that ``settings`` asks for."""
+        config = {
+            "cnn": settings.cnn, "weights": settings.weights, "allow_download": settings.allow_download,
+            "kind": "fne" if settings.kind == "fne" else "global", "crops": settings.crops,
+            "batch_size": settings.batch_size, "device": device or settings.device, "amp": settings.amp,
+            "input_size": settings.input_size, "resize": settings.resize,
+        }
+        return cls(json.dumps(config, sort_keys=True))
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The mapper configuration as a dict."""
+        return json.loads(self.config_json)
+
+    @property
+    def key(self) -> str:
+        """Cache key: the whole configuration."""
+        return self.config_json
+
+    def build(self) -> Mapper:
+        """Load the backbone and build the mapper (once per process, see ``cached_mapper``)."""
+        from features.mapper import ImageMapper
+
+        config = self.config
+        config["device"] = resolve_device(config["device"])
+        return ImageMapper.from_config(config)
+
+
+def _dataset(settings: FeaturesSection) -> PreparedDataset:
+    if not settings.data:
+        raise UserError("features: --data is required (a prepared dataset folder; give it or use --pipeline)")
+    return PreparedDataset.load(settings.data)
+
+
+def store_config(settings: FeaturesSection, mapper: Mapper, dataset_sha256: str,
+                 n_rows: int) -> dict[str, Any]:
+    """The settings that determine the stored numbers: a resumed run must match them exactly.
+
+    Batch size, device, scheduler and workers are left out: they change speed, not rows (blocks
+    are computed the same way wherever they run).
+    """
+    prov = mapper.provenance
+    config = {
+        "kind": settings.kind, "cnn": settings.cnn, "weights": settings.weights,
+        "weights_sha256": prov.get("weights_sha256"), "crops": settings.crops,
+        "input_size": prov.get("input_size", settings.input_size),
+        "resize": prov.get("resize", settings.resize),
+        "amp": settings.amp, "block_size": settings.block_size, "dataset_sha256": dataset_sha256,
+        "n_rows": n_rows, "outputs": dict(mapper.outputs),
+    }
+    if settings.kind == "fne":
+        config["thresholds"] = [settings.threshold_low, settings.threshold_high]
+    return config
+
+
+def run_features(settings: FeaturesSection, overwrite: bool = False, rethreshold: bool = False,
+                 progress: bool = True) -> Path:
+    """Run ``features cnn|fne`` with resolved ``settings``; return the store's path.
+
+    Resumes a store made with the same configuration, refuses one made with another (unless
+    ``overwrite``). ``rethreshold`` (fne only) rewrites only the ternary array.
+    """
+    if settings.kind == "regions":
+        raise UserError("features regions: region features (Faster R-CNN, bottom-up attention) are not "
+                        "implemented yet")
+    out = Path(settings.out)
+    if rethreshold:
+        return rethreshold_store(out, settings.threshold_low, settings.threshold_high)
+    _check_thresholds(settings)
+    check_scheduler(settings.scheduler, settings.workers)
+    dataset = _dataset(settings)
+    dataset_sha = sha256_file(dataset.root / DATASET_FILE)
+    paths = [str(p) for p in dataset.image_paths()]
+    if not paths:
+        raise UserError(f"{dataset.root}: the prepared dataset has no images")
+    imgids = np.arange(len(paths), dtype=np.int64)
+    in_process = settings.scheduler == "none"
+    # The driver needs the widths and provenance; in-process its mapper is the one that computes.
+    # On a cluster the driver's copy only describes the model, so it stays on the CPU, and
+    # ``auto`` is resolved by each worker (the driver may have no GPU).
+    if in_process:
+        factory = driver = ImageMapperFactory.from_settings(settings, resolve_device(settings.device))
+    else:
+        factory = ImageMapperFactory.from_settings(settings)
+        driver = ImageMapperFactory.from_settings(settings, "cpu")
+    mapper = cached_mapper(driver)
+    config = store_config(settings, mapper, dataset_sha, len(paths))
+    provenance = {**mapper.provenance, "dataset": str(dataset.root), "dataset_sha256": dataset_sha,
+                  "thresholds": config.get("thresholds")}
+    hints = {"thresholds": "use `features fne --rethreshold` to change only the thresholds, or --overwrite"}
+    store = FeatureStore.open_or_create(out, imgids, mapper.outputs, settings.block_size, config, provenance,
+                                        overwrite=overwrite, hints=hints)
+    with open_executor(settings.scheduler, settings.workers, settings.threads) as executor:
+        summary = extract(store, paths, factory, executor, settings.on_error, progress)
+    if settings.kind == "fne":
+        train = np.array([im.split == "train" for im in dataset.images], dtype=bool)
+        finish_fne(store, train, settings.threshold_low, settings.threshold_high)
+    store.set_attrs(failures=summary.failures, complete=True,
+                    summary={"rows_written": summary.rows_written, "rows_skipped": summary.rows_skipped,
+                             "failed": len(summary.failures), "seconds": round(summary.seconds, 3)})
+    _print_summary(summary, out)
+    return out
+
+
+def _check_thresholds(settings: FeaturesSection) -> None:
+    if settings.threshold_low >= settings.threshold_high:
+        raise UserError(f"--threshold-low ({settings.threshold_low}) must be below --threshold-high "
+                        f"({settings.threshold_high})")
+
+
+def rethreshold_store(path: Path, low: float, high: float) -> Path:
+    """Recompute ``fne/ternary`` of a finished FNE store with new thresholds; update its attributes."""
+    if low >= high:
+        raise UserError(f"--threshold-low ({low}) must be below --threshold-high ({high})")
+    store = FeatureStore(path, mode="r+")
+    store.require_complete()
+    if not store.has("fne/mean"):
+        raise UserError(f"{path}: not a Full-Network Embedding store (no fne/mean); nothing to rethreshold")
+    write_ternary(store, low, high)
+    attrs = store.attrs
+    config = dict(attrs["config"], thresholds=[low, high])
+    store.set_attrs(config=config, provenance=dict(attrs["provenance"], thresholds=[low, high]))
+    print(f"features: rewrote fne/ternary with thresholds {low} / {high} -> {path}")
+    return path
+
+
+def _print_summary(summary: ExtractSummary, out: Path) -> None:
+    print(summary.line(out))
+    for f in summary.failures[:20]:
+        print(f"  failed imgid {f['imgid']}: {f['path']}: {f['reason']}")
+    if len(summary.failures) > 20:
+        print(f"  ... and {len(summary.failures) - 20} more (all listed in the store's 'failures' attribute)")
+    if summary.rows_written:
+        total = summary.decode_s + summary.map_s + summary.write_s
+        print(f"features: time in blocks: decode {summary.decode_s:.1f} s, network {summary.map_s:.1f} s, "
+              f"write {summary.write_s:.1f} s (sum over workers {total:.1f} s)", file=sys.stderr)
+
+
+# -- command line ---------------------------------------------------------------------------------
+def _extraction_options(p: argparse.ArgumentParser, fne: bool) -> None:
+    add_pipeline_arguments(p)
+    p.add_argument("--data", metavar="DIR", default=None,
+                   help="prepared dataset folder (written by `prep`); rows follow its image order")
+    p.add_argument("--out", metavar="STORE.zarr", default=None, help="feature store to write (Zarr v3)")
+    p.add_argument("--cnn", metavar="NAME", default=None,
+                   help="network: vgg16, vgg19 (fc7, 4096), resnet152 (pooled 2048), inception_resnet_v2 "
+                        "(pooled 1536, 299 px) or any timm model name (its pooled features); default vgg19"
+                        + (" (FNE: vgg16 in the paper)" if fne else ""))
+    p.add_argument("--weights", metavar="imagenet|PATH|none", default=None,
+                   help="imagenet: from the local torchvision/timm caches (never downloaded unless "
+                        "--allow-download); PATH: a state dict file; none: random init, for tests")
+    p.add_argument("--allow-download", action="store_true", default=None,
+                   help="let torchvision/timm download missing ImageNet weights")
+    p.add_argument("--crops", type=int, choices=(1, 10), default=None,
+                   help="10: four corners and centre plus mirrors, averaged (the papers); 1: centre crop")
+    p.add_argument("--resize", type=int, metavar="PX", default=None,
+                   help="shorter side before cropping (default: the network's own, 256 for 224 px nets)")
+    p.add_argument("--input-size", type=int, metavar="PX", default=None,
+                   help="crop size (default: the network's input size)")
+    p.add_argument("--batch-size", type=int, metavar="N", default=None,
+                   help="images per forward pass (each is --crops crops); default 32")
+    p.add_argument("--block-size", type=int, metavar="N", default=None,
+                   help="rows per block: the unit of work, of resumption and of Zarr chunks; default 256")
+    p.add_argument("--device", metavar="auto|cpu|cuda", default=None,
+                   help="auto (default): cuda when available, else cpu")
+    p.add_argument("--amp", action="store_true", default=None,
+                   help="bf16 autocast on CUDA (faster; numbers differ slightly from fp32)")
+    p.add_argument("--scheduler", metavar="none|local|tcp://HOST:PORT", default=None,
+                   help="none (default): in this process; local: start a Dask LocalCluster of --workers "
+                        "processes; tcp://HOST:PORT: a running `dask scheduler` whose workers share the "
+                        "store's filesystem")
+    p.add_argument("--workers", type=int, metavar="N", default=None,
+                   help="worker processes of --scheduler local (default 2)")
+    p.add_argument("--threads", type=int, metavar="N", default=None,
+                   help="threads per worker of --scheduler local (default 1)")
+    p.add_argument("--on-error", choices=("record", "fail"), default=None,
+                   help="record (default): unusable images are listed in the store and summary, their rows "
+                        "NaN with valid=False; fail: stop at the first one")
+    p.add_argument("--overwrite", action="store_true",
+                   help="delete an existing store at --out and start over (default: resume it)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    if fne:
+        p.add_argument("--threshold-low", type=float, metavar="X", default=None,
+                       help="ternary threshold: standardised values below it map to -1 (default -0.25)")
+        p.add_argument("--threshold-high", type=float, metavar="Y", default=None,
+                       help="ternary threshold: standardised values above it map to 1 (default 0.15)")
+        p.add_argument("--rethreshold", action="store_true",
+                       help="only recompute fne/ternary of the finished store --out with the thresholds")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``features`` argument parser with its subcommands."""
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Images of a prepared dataset -> a resumable Zarr feature store, in this "
+                               "process or on a Dask cluster.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser("cnn", help="10-crop averaged global CNN features -> 'global'",
+                       description="10-crop averaged global CNN features (CHAIN-VSE 2.3, OECC 2.2) "
+                                   "-> 'global'.")
+    _extraction_options(p, fne=False)
+    p = sub.add_parser("fne", help="Full-Network Embedding -> fne/raw, fne/mean, fne/std, fne/ternary",
+                       description="Full-Network Embedding (FNE 3.1): average-pooled activations of every "
+                                   "conv layer plus fc6/fc7, averaged over crops, standardised with "
+                                   "train-split statistics and discretized to {-1, 0, 1}.")
+    _extraction_options(p, fne=True)
+    p = sub.add_parser("regions", help="Faster R-CNN region features (not implemented yet)")
+    _extraction_options(p, fne=False)
+    p = sub.add_parser("export", help="write a store's features as VSE++/SCAN precomp .npy or HDF5")
+    p.add_argument("--store", metavar="STORE.zarr[:KEY]", required=True,
+                   help="feature store; KEY global, fne (ternary) or fne_raw (default: what it has)")
+    p.add_argument("--data", metavar="DIR", required=True, help="the prepared dataset of the store")
+    p.add_argument("--format", choices=("precomp", "hdf5"), required=True,
+                   help="precomp: {train,dev,test}_ims.npy (dev = val, as VSE++/SCAN name it); "
+                        "hdf5: one file")
+    p.add_argument("--out", metavar="DIR|FILE.h5", required=True,
+                   help="output folder (precomp) or file (hdf5)")
+    p.add_argument("--split", choices=("train", "val", "test"), action="append", default=None,
+                   help="only these splits (repeatable; default all with images)")
+    p.add_argument("--allow-invalid", action="store_true",
+                   help="write rows of failed images (NaN) instead of refusing")
+    p = sub.add_parser("import", help="read a VSE++/SCAN {split}_ims.npy into a store")
+    p.add_argument("--npy", metavar="FILE.npy", required=True, help="(n_images_of_split, C) array")
+    p.add_argument("--data", metavar="DIR", required=True, help="prepared dataset the rows belong to")
+    p.add_argument("--split", choices=("train", "val", "test"), required=True,
+                   help="split whose images the rows are, in the split's image order")
+    p.add_argument("--out", metavar="STORE.zarr", required=True,
+                   help="store to write; an existing imported store of the same dataset gains the split")
+    p.add_argument("--overwrite", action="store_true", help="start a new store even if --out exists")
+    return parser
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command in ("cnn", "fne", "regions"):
+        if args.command == "regions":
+            raise UserError("features regions: region features (Faster R-CNN, bottom-up attention) are not "
+                            "implemented yet")
+        settings = stage_settings("features", args, kind=args.command)
+        run_features(settings, overwrite=args.overwrite, rethreshold=getattr(args, "rethreshold", False),
+                     progress=not args.no_progress)
+        return 0
+    from features import interop
+
+    if args.command == "export":
+        written = interop.export_store(args.store, args.data, args.format, args.out, splits=args.split,
+                                       allow_invalid=args.allow_invalid)
+        for path in written:
+            print(f"features: wrote {path}")
+        return 0
+    out = interop.import_npy(args.npy, args.data, args.split, args.out, overwrite=args.overwrite)
+    print(f"features: imported {args.npy} as the {args.split} rows of {out}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``features`` / ``python -m features``."""
+    return run_cli(_main, argv, PROG)

@@ -1,0 +1,146 @@
+"""Where blocks run: in this process, in order, or as one task per block on a Dask cluster.
+
+The executor knows nothing of images or models: it runs :func:`features.extract.run_block` for
+each :class:`~features.extract.BlockTask` with a mapper taken from a per-process cache, so a
+Dask worker loads the model once and reuses it for every block it is given.
+
+``--scheduler none``: in-process. ``local``: a ``LocalCluster`` of ``--workers`` processes
+(``--threads`` threads each, default 1). ``tcp://HOST:PORT``: a running ``dask scheduler`` whose
+workers see the store's path on a shared filesystem.
+
+A worker that dies mid-task is handled by the scheduler: it reschedules the task on another
+worker (up to ``distributed.scheduler.allowed-failures`` times). A rerun block is written again
+in full before its flag is set, and a block whose flag is already set is skipped, so rows are
+neither lost nor duplicated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from features.extract import (
+    BlockResult,
+    BlockTask,
+    Mapper,
+    MapperFactory,
+    map_and_write,
+    read_block,
+    run_block,
+)
+from prep.errors import UserError
+
+# One cache per process (a Dask worker process, or the driver in-process): the model is expensive
+# to load and the cache key is the mapper's full configuration, so a different model never hits.
+_MAPPERS: dict[str, Mapper] = {}
+_MAPPERS_LOCK = threading.Lock()
+
+
+def cached_mapper(factory: MapperFactory) -> Mapper:
+    """The mapper of ``factory``, built once per process and kept for later blocks."""
+    with _MAPPERS_LOCK:
+        mapper = _MAPPERS.get(factory.key)
+        if mapper is None:
+            mapper = factory.build()
+            # Keep one model per process: a worker serving two configurations one after the other
+            # should not hold both in (GPU) memory.
+            _MAPPERS.clear()
+            _MAPPERS[factory.key] = mapper
+        return mapper
+
+
+def compute_block(task: BlockTask, factory: MapperFactory) -> BlockResult:
+    """The body of one task: the cached mapper, then :func:`run_block`."""
+    return run_block(task, cached_mapper(factory))
+
+
+class InProcessExecutor:
+    """Runs the blocks one after the other in this process, decoding the next block meanwhile."""
+
+    def run(self, tasks: Sequence[BlockTask], factory: MapperFactory) -> Iterator[BlockResult]:
+        """Yield each block's result in block order.
+
+        A reader thread decodes block k+1 while the network maps block k (the GPU does not wait
+        for JPEG decoding); a bad image under ``--on-error fail`` still surfaces only after
+        every earlier block is written.
+        """
+        mapper = cached_mapper(factory)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="features-reader") as reader:
+            ahead = reader.submit(read_block, tasks[0]) if tasks else None
+            for k in range(len(tasks)):
+                block = ahead.result()
+                ahead = reader.submit(read_block, tasks[k + 1]) if k + 1 < len(tasks) else None
+                yield map_and_write(block, mapper)
+
+
+class DaskExecutor:
+    """One Dask task per block on a ``distributed`` client (a local or a remote cluster)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def run(self, tasks: Sequence[BlockTask], factory: MapperFactory) -> Iterator[BlockResult]:
+        """Submit every block, yield results as they complete; the first error cancels the rest."""
+        from distributed import as_completed
+
+        run_id = uuid.uuid4().hex[:8]
+        futures = [self.client.submit(compute_block, task, factory, pure=False,
+                                      key=f"features-block-{task.block}-{run_id}")
+                   for task in tasks]
+        try:
+            for future in as_completed(futures):
+                yield future.result()
+        finally:
+            # On an error (or Ctrl-C) stop the blocks still queued; finished blocks stay flagged.
+            self.client.cancel([f for f in futures if not f.done()])
+
+
+def check_scheduler(scheduler: str, workers: int = 2) -> None:
+    """A :class:`UserError` for a ``--scheduler`` / ``--workers`` value that cannot work."""
+    if scheduler in ("none", "local") or scheduler.startswith(("tcp://", "tls://", "inproc://")):
+        if scheduler == "local" and workers < 1:
+            raise UserError(f"--workers must be at least 1, got {workers}")
+        return
+    raise UserError(f"--scheduler must be none, local or a scheduler address tcp://HOST:PORT, "
+                    f"got '{scheduler}'")
+
+
+@contextlib.contextmanager
+def open_executor(scheduler: str = "none", workers: int = 2, threads: int | None = None
+                  ) -> Iterator[InProcessExecutor | DaskExecutor]:
+    """The executor for ``--scheduler none|local|tcp://HOST:PORT``; closes what it started."""
+    check_scheduler(scheduler, workers)
+    if scheduler == "none":
+        yield InProcessExecutor()
+        return
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:  # pragma: no cover - dask[distributed] is a dependency
+        raise UserError("--scheduler needs dask[distributed]: pip install 'dask[distributed]'") from None
+    if scheduler == "local":
+        # Processes, not threads: each worker holds its own model and the GIL is not shared.
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=threads or 1, processes=True,
+                               dashboard_address=None)
+        try:
+            with Client(cluster) as client:
+                yield DaskExecutor(client)
+        finally:
+            cluster.close()
+        return
+    try:
+        client = Client(scheduler, timeout="30s")
+    except OSError as exc:
+        raise UserError(f"cannot reach the Dask scheduler at {scheduler}: {exc} (start it with "
+                        "`dask scheduler` and workers with `dask worker {scheduler}`)") from None
+    with client:
+        if not client.scheduler_info().get("workers"):
+            try:
+                client.wait_for_workers(1, timeout=120)
+            except TimeoutError:
+                raise UserError(f"the Dask scheduler at {scheduler} has no workers after 120 s (start them "
+                                f"with `dask worker {scheduler}`)") from None
+        yield DaskExecutor(client)

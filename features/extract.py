@@ -1,0 +1,269 @@
+"""The block runner: read a block of images, map them to feature rows, write the rows.
+
+One block (``block_size`` consecutive rows of the prepared dataset) is the unit of work and of
+resumption. :func:`run_block` does one block wherever it runs (in-process or in a Dask task);
+:func:`extract` is the loop over the blocks not yet done, with the executor outside the block.
+:func:`finish_fne` computes the train-split statistics and the ternary FNE once all blocks are in.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+from tqdm import tqdm
+
+from features.store import FeatureStore
+from prep.errors import UserError
+
+
+class Mapper(Protocol):
+    """What :func:`run_block` needs of a mapper (``features.mapper.ImageMapper`` is one)."""
+
+    outputs: dict[str, int]
+    provenance: dict[str, Any]
+
+    def __call__(self, images: list[Any]) -> dict[str, np.ndarray]:
+        """Images -> name -> (B, width) float32 rows."""
+
+
+class MapperFactory(Protocol):
+    """A picklable recipe for a mapper; ``key`` identifies it in a worker's cache."""
+
+    key: str
+
+    def build(self) -> Mapper:
+        """Load the model and return the mapper (expensive: done once per process)."""
+
+
+@dataclass(frozen=True)
+class BlockTask:
+    """One block to compute: where to write it and which images it holds (absolute paths)."""
+
+    store: str
+    block: int
+    start: int
+    paths: tuple[str, ...]
+    on_error: str = "record"
+
+    @property
+    def rows(self) -> int:
+        """Number of rows (images) of the block."""
+        return len(self.paths)
+
+
+@dataclass
+class BlockResult:
+    """What a block task returns to the driver: small, so it travels cheaply from a worker."""
+
+    block: int
+    rows: int
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    already_done: bool = False
+    decode_s: float = 0.0
+    map_s: float = 0.0
+    write_s: float = 0.0
+
+
+@dataclass
+class ExtractSummary:
+    """The final account of a run."""
+
+    rows_written: int = 0
+    rows_skipped: int = 0
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+    decode_s: float = 0.0
+    map_s: float = 0.0
+    write_s: float = 0.0
+
+    def line(self, store: Path | str) -> str:
+        """One summary line: rows written, skipped as already done, failed, time and rate."""
+        rate = self.rows_written / self.seconds if self.seconds > 0 else 0.0
+        return (f"features: wrote {self.rows_written} rows, skipped {self.rows_skipped} already done, "
+                f"{len(self.failures)} failed, in {self.seconds:.1f} s ({rate:.1f} images/s) -> {store}")
+
+
+def default_loader(path: str) -> Any:
+    """``features.images.load_image`` (imported late: workers import it where they run)."""
+    from features.images import load_image
+
+    return load_image(path)
+
+
+def _load(path: str, loader: Callable[[str], Any]) -> Any:
+    from features.images import ImageError
+
+    try:
+        return loader(path)
+    except ImageError as exc:
+        return exc
+
+
+def _reason(exc: Exception) -> str:
+    return str(getattr(exc, "reason", None) or exc)
+
+
+@dataclass
+class LoadedBlock:
+    """A block's decoded images (the reader's output): usable images, their positions, failures."""
+
+    task: BlockTask
+    images: list[Any]
+    good: list[int]
+    failures: list[dict[str, Any]]
+    decode_s: float
+
+
+def read_block(task: BlockTask, loader: Callable[[str], Any] = default_loader,
+               decode_threads: int = 4) -> LoadedBlock:
+    """Decode a block's images in a few threads (PIL releases the GIL while decoding).
+
+    Images that cannot be used (``features.images.ImageError``) become failure records (imgid,
+    path, reason); with ``task.on_error == "fail"`` the first one raises a :class:`UserError`
+    naming the file.
+    """
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=max(1, min(decode_threads, task.rows))) as pool:
+        loaded = list(pool.map(lambda p: _load(p, loader), task.paths))
+    failures, good, images = [], [], []
+    for k, (path, item) in enumerate(zip(task.paths, loaded, strict=True)):
+        if isinstance(item, Exception):
+            if task.on_error == "fail":
+                raise UserError(f"{path}: cannot use image (imgid {task.start + k}): {_reason(item)}")
+            failures.append({"imgid": task.start + k, "path": path, "reason": _reason(item)})
+        else:
+            good.append(k)
+            images.append(item)
+    return LoadedBlock(task, images, good, failures, time.perf_counter() - t0)
+
+
+def map_and_write(block: LoadedBlock, mapper: Mapper) -> BlockResult:
+    """Map a decoded block to rows and write them (failed images: NaN rows, ``valid=False``)."""
+    task = block.task
+    t0 = time.perf_counter()
+    mapped = mapper(block.images) if block.images else {}
+    t1 = time.perf_counter()
+    arrays = {}
+    for name, width in mapper.outputs.items():
+        rows = np.full((task.rows, width), np.nan, dtype=np.float32)
+        if block.good:
+            rows[block.good] = mapped[name]
+        arrays[name] = rows
+    valid = np.zeros(task.rows, dtype=bool)
+    valid[block.good] = True
+    FeatureStore(task.store, mode="r+").write_block(task.block, arrays, valid, block.failures)
+    return BlockResult(task.block, task.rows, block.failures, False, block.decode_s, t1 - t0,
+                       time.perf_counter() - t1)
+
+
+def run_block(task: BlockTask, mapper: Mapper, loader: Callable[[str], Any] = default_loader) -> BlockResult:
+    """Compute one block and write it into the store; skip it if its flag is already set.
+
+    The reader (:func:`read_block`), the mapper and the writer (:func:`map_and_write`) in a
+    row; with ``task.on_error == "fail"`` nothing of a block with a bad image is written.
+    """
+    if FeatureStore(task.store).block_done(task.block):
+        # A retried Dask task (its worker died after writing the flag) must not redo the block.
+        return BlockResult(task.block, task.rows, already_done=True)
+    return map_and_write(read_block(task, loader), mapper)
+
+
+def block_tasks(store: FeatureStore, paths: Sequence[str | Path],
+                on_error: str = "record") -> list[BlockTask]:
+    """One :class:`BlockTask` per block of ``store`` whose flag is not yet set."""
+    if len(paths) != store.n_rows:
+        raise UserError(f"{store.path}: has {store.n_rows} rows but the dataset has {len(paths)} images")
+    done = store.blocks_done()
+    tasks = []
+    for b in range(store.n_blocks):
+        start, stop = store.block_rows(b)
+        if not done[b] and stop > start:
+            tasks.append(BlockTask(str(store.path), b, start, tuple(str(p) for p in paths[start:stop]),
+                                   on_error))
+    return tasks
+
+
+class Executor(Protocol):
+    """Runs block tasks somewhere and yields their results as they finish."""
+
+    def run(self, tasks: Sequence[BlockTask], factory: MapperFactory) -> Iterator[BlockResult]:
+        """Compute every task (order of results may differ from order of tasks)."""
+
+
+def extract(store: FeatureStore, paths: Sequence[str | Path], factory: MapperFactory, executor: Executor,
+            on_error: str = "record", progress: bool = True) -> ExtractSummary:
+    """Compute every block not yet done (the loop over blocks), with a progress bar.
+
+    The bar counts images (rate and ETA); rows of blocks done by an earlier run count as skipped.
+    """
+    t0 = time.perf_counter()
+    tasks = block_tasks(store, paths, on_error)
+    summary = ExtractSummary(rows_skipped=store.n_rows - sum(t.rows for t in tasks))
+    with tqdm(total=store.n_rows, initial=summary.rows_skipped, unit="img", desc="features",
+              disable=not progress, dynamic_ncols=True, smoothing=0.1) as bar:
+        for result in executor.run(tasks, factory):
+            if result.already_done:
+                summary.rows_skipped += result.rows
+            else:
+                summary.rows_written += result.rows
+            summary.decode_s += result.decode_s
+            summary.map_s += result.map_s
+            summary.write_s += result.write_s
+            bar.update(result.rows)
+            if result.failures:
+                bar.set_postfix(failed=len(summary.failures) + len(result.failures))
+            summary.failures.extend(result.failures)
+    summary.failures = store.block_failures()
+    summary.seconds = time.perf_counter() - t0
+    return summary
+
+
+def finish_fne(store: FeatureStore, train_rows: np.ndarray, low: float, high: float) -> None:
+    """Write ``fne/mean``, ``fne/std`` (valid train rows only) and ``fne/ternary`` from ``fne/raw``.
+
+    ``train_rows`` (N,) bool marks the train split. ``fne_statistics`` streams the Zarr array in
+    row chunks, and the ternary array is written block by block, so memory stays bounded.
+    """
+    from features.fne import fne_statistics
+
+    rows = np.asarray(train_rows, dtype=bool) & np.asarray(store.array("valid")[:], dtype=bool)
+    if not rows.any():
+        raise UserError(f"{store.path}: no valid train-split rows to compute the FNE statistics from")
+    mean, std = fne_statistics(store.array("fne/raw"), rows, chunk_rows=max(store.block_size, 1024))
+    width = store.array("fne/raw").shape[1]
+    for name, values in (("fne/mean", mean), ("fne/std", std)):
+        if not store.has(name):
+            store.group.create_array(name, shape=(width,), chunks=(width,), dtype="float32",
+                                     fill_value=np.nan)
+        store.array(name)[:] = np.asarray(values, dtype=np.float32)
+    write_ternary(store, low, high)
+
+
+def write_ternary(store: FeatureStore, low: float, high: float) -> None:
+    """(Re)write ``fne/ternary`` from ``fne/raw`` and the stored statistics, block by block."""
+    from features.fne import ternarize
+
+    raw = store.array("fne/raw")
+    n, width = raw.shape
+    if not store.has("fne/ternary"):
+        store.group.create_array("fne/ternary", shape=(n, width), chunks=raw.chunks, dtype="int8",
+                                 fill_value=0)
+    out = store.array("fne/ternary")
+    mean = np.asarray(store.array("fne/mean")[:])
+    std = np.asarray(store.array("fne/std")[:])
+    valid = np.asarray(store.array("valid")[:], dtype=bool)
+    for b in range(math.ceil(n / store.block_size)):
+        start, stop = store.block_rows(b)
+        block = np.asarray(raw[start:stop])
+        tern = np.zeros(block.shape, dtype=np.int8)
+        ok = valid[start:stop]
+        if ok.any():
+            tern[ok] = ternarize(block[ok], mean, std, low, high)
+        out[start:stop] = tern

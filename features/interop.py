@@ -1,0 +1,128 @@
+"""Exchange with other codebases: VSE++/SCAN precomp ``{split}_ims.npy`` and HDF5 (h5py).
+
+Precomp layout (VSE++ ``data.py``, SCAN): one file per split, one row per image in the split's
+image order, float32; the validation split is called ``dev``. Export writes what a store holds;
+import places a split's rows at that split's images of a prepared dataset.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from features.store import FeatureStore, parse_spec, read_matrix
+from prep.dataset import DATASET_FILE, SPLITS, PreparedDataset
+from prep.errors import UserError
+from prep.io import sha256_file
+
+#: precomp file prefix of each split (VSE++/SCAN call the validation split ``dev``)
+PRECOMP_NAMES = {"train": "train", "val": "dev", "test": "test"}
+
+
+def _save_npy_atomic(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as fh:
+        np.save(fh, array)
+    os.replace(tmp, path)
+
+
+def export_store(spec: str, data: str | os.PathLike, fmt: str, out: str | os.PathLike,
+                 splits: Sequence[str] | None = None, allow_invalid: bool = False) -> list[Path]:
+    """Write a finished store as precomp ``.npy`` files (``fmt="precomp"``) or one HDF5 file.
+
+    Rows of failed images are refused (they would be NaN in another codebase) unless
+    ``allow_invalid``. Returns the files written.
+    """
+    dataset = PreparedDataset.load(data)
+    path, _ = parse_spec(spec)
+    store = FeatureStore(path)
+    store.require_complete()
+    if store.n_rows != len(dataset.images):
+        raise UserError(f"{path}: {store.n_rows} rows, but {data} has {len(dataset.images)} images "
+                        "(is it the store of this dataset?)")
+    x, valid = read_matrix(spec)
+    splits = list(splits) if splits else [s for s in SPLITS if dataset.image_rows(s)]
+    rows = {s: np.asarray(dataset.image_rows(s), dtype=np.int64) for s in splits}
+    for split, r in rows.items():
+        if not len(r):
+            raise UserError(f"{data}: split '{split}' has no images")
+        bad = r[~valid[r]]
+        if len(bad) and not allow_invalid:
+            raise UserError(f"{path}: {len(bad)} {split} rows are failed images (first imgid {bad[0]}); "
+                            "fix or drop them, or pass --allow-invalid to write them as NaN")
+    out = Path(out)
+    if fmt == "precomp":
+        out.mkdir(parents=True, exist_ok=True)
+        written = []
+        for split, r in rows.items():
+            file = out / f"{PRECOMP_NAMES[split]}_ims.npy"
+            _save_npy_atomic(file, np.ascontiguousarray(x[r], dtype=np.float32))
+            written.append(file)
+        return written
+    if fmt == "hdf5":
+        return [_export_hdf5(store, dataset, np.concatenate(list(rows.values())), out)]
+    raise UserError(f"unknown export format '{fmt}' (precomp or hdf5)")
+
+
+def _export_hdf5(store: FeatureStore, dataset: PreparedDataset, rows: np.ndarray, out: Path) -> Path:
+    import h5py
+
+    rows = np.sort(rows)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    names = [n for n in ("global", "fne/raw", "fne/ternary") if store.has(n)]
+    with h5py.File(tmp, "w") as h5:
+        for name in names:
+            h5.create_dataset(name, data=np.asarray(store.array(name)[:])[rows], compression="gzip")
+        for name in ("fne/mean", "fne/std"):
+            if store.has(name):
+                h5.create_dataset(name, data=np.asarray(store.array(name)[:]))
+        h5.create_dataset("imgid", data=rows)
+        h5.create_dataset("valid", data=np.asarray(store.array("valid")[:], dtype=bool)[rows])
+        h5.create_dataset("split", data=np.array([dataset.images[r].split for r in rows], dtype="S5"))
+        attrs = store.attrs
+        h5.attrs["provenance"] = json.dumps(attrs.get("provenance", {}))
+        h5.attrs["config"] = json.dumps(attrs.get("config", {}))
+    os.replace(tmp, out)
+    return out
+
+
+def import_npy(npy: str | os.PathLike, data: str | os.PathLike, split: str, out: str | os.PathLike,
+               overwrite: bool = False, name: str = "global") -> Path:
+    """Read a precomp ``(n_split_images, C)`` array into the store ``out`` at ``split``'s rows.
+
+    A new store has every row NaN / ``valid=False`` except the imported split; an existing
+    imported store of the same dataset and width gains the split (one writer: this command).
+    """
+    npy, out = Path(npy), Path(out)
+    try:
+        x = np.load(npy, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{npy}: cannot read as .npy: {exc}") from None
+    if x.ndim != 2:
+        raise UserError(f"{npy}: expected a 2-D (images, features) array, got shape {x.shape}")
+    dataset = PreparedDataset.load(data)
+    rows = np.asarray(dataset.image_rows(split), dtype=np.int64)
+    if len(rows) != x.shape[0]:
+        raise UserError(f"{npy}: {x.shape[0]} rows, but split '{split}' of {data} has {len(rows)} images")
+    dataset_sha = sha256_file(dataset.root / DATASET_FILE)
+    n = len(dataset.images)
+    config = {"kind": "import", "dataset_sha256": dataset_sha, "n_rows": n,
+              "outputs": {name: int(x.shape[1])}}
+    store = FeatureStore.open_or_create(
+        out, np.arange(n, dtype=np.int64), {name: int(x.shape[1])}, block_size=min(n, 1024), config=config,
+        provenance={"imported_from": {}, "dataset": str(dataset.root)}, overwrite=overwrite)
+    # One writer (this command) places rows scattered over many chunks: no block tasks to protect.
+    store.array(name)[rows] = np.asarray(x, dtype=np.float32)
+    valid = np.asarray(store.array("valid")[:], dtype=bool)
+    valid[rows] = True
+    store.array("valid")[:] = valid
+    store.array("blocks_done")[:] = True
+    prov = store.attrs["provenance"]
+    prov.setdefault("imported_from", {})[split] = {"file": str(npy.resolve()), "sha256": sha256_file(npy)}
+    store.set_attrs(provenance=prov, complete=True)
+    return out

@@ -1,0 +1,211 @@
+"""Feature store and block runner, in-process, with a small deterministic mapper on real COCO images.
+
+``ColourMapper`` (per-image colour statistics of a 16x16 thumbnail) stands in for a CNN so these
+tests pin the store and the runner, not a network; ``make_prepared`` builds a tiny prepared
+dataset over ``coco_sample`` images. Both are reused by the other ``test_features_*`` files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from features.executors import InProcessExecutor
+from features.extract import block_tasks, extract, finish_fne, run_block, write_ternary
+from features.fne import fne_statistics, ternarize
+from features.images import load_image
+from features.store import FeatureStore, parse_spec, read_matrix
+from prep.errors import UserError
+
+
+def make_prepared(root: Path, coco_sample: Path, n: int, splits: list[str] | None = None,
+                  extra: dict[int, Path] | None = None) -> Path:
+    """A prepared dataset folder of ``n`` coco_sample images (``extra`` replaces rows by other files)."""
+    names = sorted(p.name for p in (coco_sample / "images").iterdir())[:n]
+    splits = splits or ["train" if i < n * 2 // 3 else ("val" if i % 2 else "test") for i in range(n)]
+    images = []
+    for i, name in enumerate(names):
+        path = (extra or {}).get(i)
+        images.append({"imgid": i, "split": splits[i], "filename": path.name if path else name,
+                       "filepath": str(path.parent) if path else "images",
+                       "sentids": [i], "sentences": [{"sentid": i, "imgid": i, "raw": "a photo",
+                                                      "tokens": ["a", "photo"], "lang": "en"}]})
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "dataset.json").write_text(json.dumps({"dataset": "coco", "languages": ["en"], "pairs": [],
+                                                   "images_root": str(coco_sample), "images": images}))
+    (root / "chars.json").write_text(json.dumps({"symbols": ["<pad>", "<unk>", "a"]}))
+    (root / "words.json").write_text(json.dumps({"tokens": ["<pad>", "<unk>", "a"]}))
+    return root
+
+
+class ColourMapper:
+    """Per-image colour statistics (mean, std, min, max of R, G, B on a 16x16 thumbnail), float32."""
+
+    def __init__(self, name: str = "global") -> None:
+        self.outputs = {name: 12}
+        self.provenance = {"network": "colour-statistics", "weights_sha256": None}
+
+    def __call__(self, images: list[Image.Image]) -> dict[str, np.ndarray]:
+        rows = []
+        for img in images:
+            x = np.asarray(img.resize((16, 16), Image.BILINEAR), dtype=np.float32).reshape(-1, 3) / 255
+            rows.append(np.concatenate([x.mean(0), x.std(0), x.min(0), x.max(0)]))
+        name, = self.outputs
+        return {name: np.stack(rows).astype(np.float32)}
+
+
+class ColourFactory:
+    """Picklable recipe for :class:`ColourMapper`; ``log`` (optional) gets one line per build."""
+
+    def __init__(self, name: str = "global", log: str | None = None) -> None:
+        self.name, self.log = name, log
+        self.key = f"colour:{name}"
+
+    def build(self) -> ColourMapper:
+        if self.log:
+            import os
+
+            with open(self.log, "a") as fh:
+                fh.write(f"{os.getpid()}\n")
+        return ColourMapper(self.name)
+
+
+def new_store(path: Path, n: int, block: int, name: str = "global", overwrite: bool = False,
+              config: dict | None = None) -> FeatureStore:
+    return FeatureStore.open_or_create(path, np.arange(n), {name: 12}, block, config or {"cnn": "colour"},
+                                       {"network": "colour"}, overwrite=overwrite)
+
+
+def paths_of(data: Path) -> list[str]:
+    from prep.dataset import PreparedDataset
+
+    return [str(p) for p in PreparedDataset.load(data).image_paths()]
+
+
+@pytest.fixture(scope="module")
+def small(coco_sample, tmp_path_factory) -> Path:
+    return make_prepared(tmp_path_factory.mktemp("prep"), coco_sample, 10)
+
+
+def test_extract_writes_rows_in_dataset_order(small, tmp_path):
+    paths = paths_of(small)
+    store = new_store(tmp_path / "s.zarr", len(paths), block=4)
+    summary = extract(store, paths, ColourFactory(), InProcessExecutor(), progress=False)
+    assert (summary.rows_written, summary.rows_skipped, summary.failures) == (10, 0, [])
+    expected = ColourMapper()([load_image(p) for p in paths])["global"]
+    np.testing.assert_array_equal(store.array("global")[:], expected)
+    np.testing.assert_array_equal(store.array("imgid")[:], np.arange(10))
+    assert store.blocks_done().tolist() == [True, True, True]
+    assert store.array("valid")[:].all()
+    assert store.array("global").chunks == (4, 12)  # chunks along rows = blocks
+
+
+def test_resume_skips_done_blocks_and_equals_uninterrupted(small, tmp_path):
+    paths = paths_of(small)
+    full = new_store(tmp_path / "full.zarr", 10, block=3)
+    extract(full, paths, ColourFactory(), InProcessExecutor(), progress=False)
+    part = new_store(tmp_path / "part.zarr", 10, block=3)
+    first = block_tasks(part, paths)[:2]
+    for task in first:
+        run_block(task, ColourMapper())
+    again = new_store(tmp_path / "part.zarr", 10, block=3)  # same command again: resume
+    summary = extract(again, paths, ColourFactory(), InProcessExecutor(), progress=False)
+    assert (summary.rows_written, summary.rows_skipped) == (4, 6)
+    np.testing.assert_array_equal(again.array("global")[:], full.array("global")[:])
+    # a retried task whose block is already flagged does nothing
+    assert run_block(first[0], ColourMapper()).already_done
+
+
+def test_flag_is_written_after_rows(small, tmp_path):
+    """A block killed between its rows and its flag is recomputed, never taken as done."""
+    paths = paths_of(small)
+    store = new_store(tmp_path / "s.zarr", 10, block=5)
+    store.array("global")[0:5] = 0.0  # rows of a block whose flag never got written
+    assert [t.block for t in block_tasks(store, paths)] == [0, 1]
+
+
+def test_bad_images_are_recorded_and_nan(coco_sample, tmp_path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    good = sorted((coco_sample / "images").iterdir())[0].read_bytes()
+    (bad / "truncated.jpg").write_bytes(good[: len(good) // 3])
+    (bad / "noise.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg" * 10)
+    Image.new("1", (10_000, 10_000)).save(bad / "bomb.png")
+    extra = {1: bad / "truncated.jpg", 4: bad / "noise.jpg", 6: bad / "bomb.png", 7: bad / "missing.jpg"}
+    data = make_prepared(tmp_path / "prep", coco_sample, 8, extra=extra)
+    paths = paths_of(data)
+    store = new_store(tmp_path / "s.zarr", 8, block=3)
+    summary = extract(store, paths, ColourFactory(), InProcessExecutor(), progress=False)
+    failed = {f["imgid"]: f["reason"] for f in summary.failures}
+    assert sorted(failed) == [1, 4, 6, 7]
+    assert "truncated" in failed[1] and "bomb" in failed[6] and "missing" in failed[7]
+    assert [f["imgid"] for f in store.block_failures()] == [1, 4, 6, 7]
+    valid = store.array("valid")[:]
+    assert valid.tolist() == [i not in failed for i in range(8)]
+    x = store.array("global")[:]
+    assert np.isnan(x[~valid]).all() and np.isfinite(x[valid]).all()
+    store.set_attrs(complete=True)
+    _, v = read_matrix(f"{store.path}:global")
+    assert v.tolist() == valid.tolist()
+
+    fresh = new_store(tmp_path / "f.zarr", 8, block=3)
+    with pytest.raises(UserError, match="truncated.jpg"):
+        extract(fresh, paths, ColourFactory(), InProcessExecutor(), on_error="fail", progress=False)
+    assert fresh.blocks_done().tolist() == [False, False, False]
+
+
+def test_changed_configuration_is_an_error_and_overwrite_starts_over(small, tmp_path):
+    paths = paths_of(small)
+    store = new_store(tmp_path / "s.zarr", 10, block=4, config={"cnn": "colour", "crops": 10})
+    extract(store, paths, ColourFactory(), InProcessExecutor(), progress=False)
+    with pytest.raises(UserError, match=r"crops=10.*crops=1 "):
+        new_store(tmp_path / "s.zarr", 10, block=4, config={"cnn": "colour", "crops": 1})
+    again = new_store(tmp_path / "s.zarr", 10, block=4, config={"cnn": "colour", "crops": 1}, overwrite=True)
+    assert not again.blocks_done().any() and again.attrs["config"]["crops"] == 1
+    assert np.isnan(again.array("global")[:]).all()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.tex").write_text("precious")
+    with pytest.raises(UserError, match="not a feature store"):
+        new_store(tmp_path / "mine", 10, block=4, overwrite=True)
+    assert (tmp_path / "mine" / "thesis.tex").exists()
+
+
+def test_read_matrix_specs_and_incomplete_store(small, tmp_path):
+    paths = paths_of(small)
+    store = new_store(tmp_path / "s.zarr", 10, block=4)
+    with pytest.raises(UserError, match="incomplete"):
+        read_matrix(str(store.path))
+    extract(store, paths, ColourFactory(), InProcessExecutor(), progress=False)
+    store.set_attrs(complete=True)
+    x, valid = read_matrix(str(store.path))
+    assert x.dtype == np.float32 and x.shape == (10, 12) and valid.all()
+    np.testing.assert_array_equal(x, read_matrix(f"{store.path}:global")[0])
+    with pytest.raises(UserError, match="no 'fne' features"):
+        read_matrix(f"{store.path}:fne")
+    assert parse_spec("/a/b:c.zarr:fne_raw") == (Path("/a/b:c.zarr"), "fne_raw")
+    assert parse_spec("/a/s.zarr") == (Path("/a/s.zarr"), None)
+
+
+def test_fne_statistics_from_train_rows_and_rethreshold(small, tmp_path):
+    paths = paths_of(small)
+    store = new_store(tmp_path / "s.zarr", 10, block=4, name="fne/raw")
+    extract(store, paths, ColourFactory("fne/raw"), InProcessExecutor(), progress=False)
+    train = np.array([i < 6 for i in range(10)])
+    finish_fne(store, train, -0.25, 0.15)
+    raw = store.array("fne/raw")[:]
+    mean, std = store.array("fne/mean")[:], store.array("fne/std")[:]
+    np.testing.assert_allclose(mean, raw[:6].mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(std, raw[:6].std(0), rtol=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(store.array("fne/ternary")[:], ternarize(raw, *fne_statistics(raw, train)))
+    write_ternary(store, -1.0, 1.0)
+    tern = store.array("fne/ternary")[:]
+    np.testing.assert_array_equal(tern, ternarize(raw, mean, std, -1.0, 1.0))
+    assert tern.dtype == np.int8 and set(np.unique(tern)) <= {-1, 0, 1}
+    store.set_attrs(complete=True)
+    x, _ = read_matrix(f"{store.path}:fne")
+    np.testing.assert_array_equal(x, tern.astype(np.float32))
+    np.testing.assert_array_equal(read_matrix(f"{store.path}:fne_raw")[0], raw)
