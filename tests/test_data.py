@@ -1,0 +1,138 @@
+"""The caption data pipeline: character encoding, split loading, batches and epoch orders.
+
+Also home of the tiny prepared dataset and feature store the trainer tests build (written with
+the real vocabulary builder and the real feature-store writer, in the documented formats).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from prep.dataset import PreparedDataset
+from prep.errors import UserError
+from prep.vocab import build_char_vocabulary, build_word_vocabulary
+from train.data import encode_text, epoch_batches, feature_spec, load_caption_set, read_features
+
+COLOURS = ("red", "green", "blue", "yellow")
+THINGS = ("dog", "cat", "bus", "kite", "man", "boat")
+
+
+def make_prepared(root: Path, n_train: int = 24, n_val: int = 8, n_test: int = 8, seed: int = 0) -> Path:
+    """A prepared dataset folder: 2-3 English captions per image naming the image's colour class."""
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    images, sentid = [], 0
+    splits = ["train"] * n_train + ["val"] * n_val + ["test"] * n_test
+    for imgid, split in enumerate(splits):
+        colour = COLOURS[imgid % len(COLOURS)]
+        sentences = []
+        for _ in range(2 + imgid % 2):
+            thing, other = (THINGS[int(k)] for k in rng.integers(len(THINGS), size=2))
+            raw = f"A {colour} {thing} next to a {other} in the {colour} light."
+            sentences.append({"sentid": sentid, "imgid": imgid, "raw": raw, "lang": "en",
+                              "tokens": raw.lower().rstrip(".").split()})
+            sentid += 1
+        images.append({"imgid": imgid, "split": split, "filename": f"{imgid:04d}.jpg",
+                       "sentids": [s["sentid"] for s in sentences], "sentences": sentences})
+    data = {"dataset": "tiny", "languages": ["en"], "pairs": [], "images_root": str(root / "images"),
+            "images": images}
+    (root / "dataset.json").write_text(json.dumps(data))
+    train = [s for im in images if im["split"] == "train" for s in im["sentences"]]
+    (root / "chars.json").write_text(json.dumps(build_char_vocabulary(s["raw"] for s in train)))
+    (root / "words.json").write_text(json.dumps(build_word_vocabulary(s["tokens"] for s in train)))
+    return root
+
+
+def make_store(path: Path, dataset: Path, dim: int = 16, invalid: tuple[int, ...] = (),
+               seed: int = 0) -> Path:
+    """A complete ``global`` feature store for ``dataset``: class signal plus noise; ``invalid`` rows fail."""
+    from features.store import FeatureStore
+
+    n = len(json.loads((dataset / "dataset.json").read_text())["images"])
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0, 0.3, (n, dim)).astype(np.float32)
+    x[np.arange(n), np.arange(n) % len(COLOURS)] += 2.0
+    valid = np.ones(n, dtype=bool)
+    valid[list(invalid)] = False
+    x[~valid] = np.nan
+    store = FeatureStore.create(path, np.arange(n), {"global": dim}, block_size=n, config={"test": True},
+                                provenance={"network": "synthetic"})
+    failures = [{"imgid": int(i), "reason": "synthetic failure"} for i in invalid]
+    store.write_block(0, {"global": x}, valid, failures)
+    store.set_attrs(complete=True)
+    return path
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> tuple[PreparedDataset, np.ndarray, np.ndarray]:
+    data = make_prepared(tmp_path / "tiny")
+    store = make_store(tmp_path / "tiny.zarr", data, invalid=(3,))
+    x, valid = read_features(f"{store}:global")
+    return PreparedDataset.load(data), x, valid
+
+
+def test_encode_text_lowercases_maps_unknown_and_truncates(tiny) -> None:
+    ds, _, _ = tiny
+    vocab = ds.chars
+    codes = encode_text("A Red€ dog", vocab, max_chars=256)
+    assert codes[0] == vocab.index("a") and codes[2] == vocab.index("r")
+    assert codes[5] == 1  # '€' never occurs in the train captions -> <unk>
+    assert len(encode_text("a red dog", vocab, max_chars=4)) == 4
+    assert encode_text("", vocab, max_chars=10) == [1]
+
+
+def test_caption_set_skips_invalid_images_and_maps_captions(tiny) -> None:
+    ds, x, valid = tiny
+    cs = load_caption_set(ds, x, valid, "train", "en", max_chars=256)
+    assert cs.skipped_images == 1 and cs.num_images == 23
+    assert 3 not in cs.imgids.tolist()
+    texts, imgids = ds.captions("train", "en")
+    expected = [t for t, i in zip(texts, imgids, strict=True) if i != 3]
+    assert cs.texts == expected
+    for k in range(len(cs)):
+        imgid = int(cs.imgids[cs.caption_image[k]])
+        assert cs.texts[k] in [s.raw for s in ds.sentences_of("train", "en") if s.imgid == imgid]
+        assert cs.caption_codes(k).tolist() == encode_text(cs.texts[k], ds.chars, 256)
+    assert torch.equal(cs.images, torch.from_numpy(x[cs.imgids]))
+    val = load_caption_set(ds, x, valid, "val", "en", max_chars=256, max_images=3)
+    assert val.num_images == 3 and set(val.caption_image.tolist()) == {0, 1, 2}
+
+
+def test_batch_pads_to_the_longest_caption(tiny) -> None:
+    ds, x, valid = tiny
+    cs = load_caption_set(ds, x, valid, "train", "en", max_chars=20)
+    batch = cs.batch([0, 5, 7])
+    lengths = [len(cs.caption_codes(k)) for k in (0, 5, 7)]
+    assert batch.chars.shape == (3, max(lengths)) and batch.chars.dtype == torch.long
+    assert batch.lengths.tolist() == lengths and max(lengths) <= 20
+    for row, k in enumerate((0, 5, 7)):
+        assert batch.chars[row, : lengths[row]].tolist() == cs.caption_codes(k).tolist()
+        assert (batch.chars[row, lengths[row]:] == 0).all()
+        assert torch.equal(batch.image_features[row], cs.images[cs.caption_image[k]])
+
+
+def test_epoch_orders_are_seeded_and_complete(tiny) -> None:
+    ds, x, valid = tiny
+    cs = load_caption_set(ds, x, valid, "train", "en", max_chars=256)
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    b1, b2 = epoch_batches(cs, 8, "all", g1), epoch_batches(cs, 8, "all", g2)
+    assert all(np.array_equal(a, b) for a, b in zip(b1, b2, strict=True))
+    flat = np.concatenate(b1)
+    assert sorted(flat.tolist()) == list(range(len(cs))) and flat.tolist() != list(range(len(cs)))
+    assert all(len(b) == 8 for b in b1[:-1])
+    again = np.concatenate(epoch_batches(cs, 8, "all", g1))  # the next epoch draws a new order
+    assert again.tolist() != flat.tolist()
+    one = np.concatenate(epoch_batches(cs, 8, "one", torch.Generator().manual_seed(0)))
+    assert len(one) == cs.num_images
+    assert sorted(cs.caption_image[one].tolist()) == list(range(cs.num_images))
+
+
+def test_region_features_are_refused_by_character_models() -> None:
+    with pytest.raises(UserError, match="regions"):
+        feature_spec("feats.zarr:regions")
+    assert feature_spec("feats.zarr:fne") == "feats.zarr:fne"

@@ -1,0 +1,206 @@
+"""The trainer, run directories and exact resume, on a tiny prepared dataset and feature store.
+
+Models are tiny (CHAIN-VSE v1 at p=0.125, d=32) and torch runs one thread, so every run is
+deterministic on CPU and takes about a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from test_data import make_prepared, make_store
+
+from prep.errors import UserError, run_cli
+from train import fit
+from train.checkpoint import load_checkpoint
+from train.runs import embed_split, encode_texts, load_run
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMING_KEYS = {"time_s", "train_time_s", "val_time_s", "captions_per_s"}
+TINY = ["--p", "0.125", "--d", "32", "--batch-size", "4", "--seed", "3", "--device", "cpu"]
+#: runs ``train`` with only the family subcommands of train.fit (the subject of these tests)
+RUNNER = """
+import argparse, sys
+from prep.errors import run_cli
+from train import fit
+def main(argv):
+    parser = argparse.ArgumentParser(prog="train")
+    fit.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+sys.exit(run_cli(main, sys.argv[1:], "train"))
+"""
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # one thread: bitwise-reproducible CPU kernels, and no oversubscription of a shared machine
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> tuple[Path, str]:
+    root = tmp_path_factory.mktemp("tiny")
+    prepared = make_prepared(root / "prepared", n_train=100, n_val=8, n_test=8)
+    store = make_store(root / "feats.zarr", prepared, invalid=(3,))
+    return prepared, f"{store}:global"
+
+
+def train_cli(argv: list[str]) -> int:
+    """``train <family> ...`` in process, through the same error wrapper as the console command."""
+    def main(a: list[str]) -> int:
+        parser = argparse.ArgumentParser(prog="train")
+        fit.register(parser.add_subparsers(dest="command", required=True))
+        args = parser.parse_args(a)
+        return args.func(args)
+
+    return run_cli(main, argv, "train")
+
+
+def train_subprocess(argv: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-c", RUNNER, *argv], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def metrics_without_timings(run: Path) -> list[dict]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in lines]
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    sa, sb = load_checkpoint(a)["model"], load_checkpoint(b)["model"]
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        assert torch.equal(sa[key], sb[key]), key
+
+
+def test_dry_run_prints_parameter_counts_without_data(capsys) -> None:
+    assert train_cli(["oecc", "--arch", "B", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    counts = {}
+    for line in out.splitlines()[1:]:
+        *name, value = line.split()
+        counts[" ".join(name)] = int(value.replace(",", ""))
+    assert set(counts) == {"text encoder", "text projection", "image projection", "total"}
+    assert counts["image projection"] == 4096 * 1024  # --image-dim default x d, no bias
+    assert counts["total"] == counts["text encoder"] + counts["text projection"] + counts["image projection"]
+    assert "alphabet 72" in out
+
+
+def test_dry_run_takes_sizes_from_data(data, capsys) -> None:
+    prepared, features = data
+    assert train_cli(["chain", "--data", str(prepared), "--features", features, "--dry-run", *TINY]) == 0
+    out = capsys.readouterr().out
+    assert "image features 16" in out
+    assert re.search(r"image projection\s+512\n", out)  # 16 x 32, no bias
+
+
+def test_run_directory_layout_and_records(data, tmp_path, capsys) -> None:
+    prepared, features = data
+    run = tmp_path / "run"
+    assert train_cli(["chain", "--data", str(prepared), "--features", features, *TINY, "--epochs", "2",
+                      "--out", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "parameters: text encoder" in out and "skipped 1 images" in out and "Image-to-text" in out
+    assert {p.name for p in (run / "checkpoints").iterdir()} == {"best.pt", "last.pt"}
+    config = json.loads((run / "config.json").read_text())
+    assert config["settings"]["family"] == "chain" and config["image_dim"] == 16
+    assert config["alphabet_size"] == len(json.loads((prepared / "chars.json").read_text())["symbols"])
+    assert config["data"]["train"]["skipped_images"] == 1
+    assert set(config["fingerprints"]) == {"dataset_json", "chars_json", "features"}
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1, 2]
+    for r in records:
+        assert r["captions"] == config["data"]["train"]["captions"] and r["captions_per_s"] > 0
+        assert r["lr"] == 1e-3 and r["loss"] > 0 and r["rsum"] == r["val"]["all"]["rsum"]
+    test = json.loads((run / "eval" / "test.json").read_text())
+    assert test["images"] == 8 and test["protocols"]["all"]["rsum"] > 0
+    # the best checkpoint holds the epoch with the best validation rsum
+    best_epoch = max(records, key=lambda r: (r["rsum"], -r["epoch"]))["epoch"]
+    assert load_checkpoint(run / "checkpoints" / "best.pt")["epoch"] == best_epoch
+
+    loaded = load_run(run, "best", "cpu")
+    emb = embed_split(loaded, "val")
+    assert emb.images.shape == (8, 32) and emb.captions.shape == (len(emb.texts), 32)
+    assert torch.allclose(encode_texts(loaded, emb.texts[:3]), emb.captions[:3], atol=1e-6)
+    noisy = embed_split(loaded, "val", texts=[t.upper() + "!" for t in emb.texts])
+    assert torch.equal(noisy.images, emb.images) and not torch.equal(noisy.captions, emb.captions)
+
+    # an existing run is never silently overwritten, and resuming checks the settings
+    with pytest.raises(UserError, match="--resume.*--overwrite"):
+        fit.run_training(loaded.settings)
+    assert train_cli(["chain", "--out", str(run), "--resume", "--margin", "0.2"]) == 2
+    assert "settings.margin was 0.05, now 0.2" in capsys.readouterr().err
+    assert train_cli(["oecc", "--out", str(run), "--resume"]) == 2
+
+
+def test_kill_mid_epoch_then_resume_equals_uninterrupted_run(data, tmp_path) -> None:
+    prepared, features = data
+    common = ["chain", "--data", str(prepared), "--features", features, *TINY, "--epochs", "3",
+              "--checkpoint-every", "5"]
+    straight = tmp_path / "straight"
+    assert train_cli([*common, "--out", str(straight)]) == 0
+
+    killed = tmp_path / "killed"
+    proc = train_subprocess([*common, "--out", str(killed)])
+    last = killed / "checkpoints" / "last.pt"
+    deadline = time.monotonic() + 120
+    state = None
+    try:
+        # wait for a mid-epoch checkpoint of the second epoch, so the resumed run also needs the
+        # history, best rsum and scheduler of the first
+        while time.monotonic() < deadline and proc.poll() is None:
+            if last.exists():
+                state = torch.load(last, weights_only=False)
+                if state["epoch"] == 1 and state["position"] > 0:
+                    proc.send_signal(signal.SIGKILL)
+                    break
+            time.sleep(0.01)
+    finally:
+        proc.kill()
+        stderr = proc.communicate()[1]
+    assert proc.returncode == -signal.SIGKILL, stderr
+    state = load_checkpoint(last)
+    assert state["epoch"] == 1 and state["position"] > 0 and not state["finished"]
+    assert len(metrics_without_timings(killed)) == 1
+
+    resumed = train_subprocess(["chain", "--out", str(killed), "--resume"])
+    stderr = resumed.communicate(timeout=300)[1]
+    assert resumed.returncode == 0, stderr
+    assert metrics_without_timings(killed) == metrics_without_timings(straight)
+    assert_same_weights(killed / "checkpoints" / "last.pt", straight / "checkpoints" / "last.pt")
+    assert_same_weights(killed / "checkpoints" / "best.pt", straight / "checkpoints" / "best.pt")
+    assert json.loads((killed / "eval" / "test.json").read_text())["protocols"] == \
+        json.loads((straight / "eval" / "test.json").read_text())["protocols"]
+
+
+def test_learning_rate_decay_and_early_stopping(data, tmp_path, monkeypatch) -> None:
+    prepared, features = data
+    scripted = iter([100.0, 120.0, 110.0, 119.0, 118.0, 117.0, 200.0])
+    monkeypatch.setattr(fit.Trainer, "validate", lambda self: (next(scripted), {}))
+    monkeypatch.setattr(fit, "evaluate_test", lambda *a, **k: None)
+    run = tmp_path / "plateau"
+    assert train_cli(["chain", "--data", str(prepared), "--features", features, *TINY, "--epochs", "7",
+                      "--lr-decay-patience", "1", "--early-stop", "3", "--batch-size", "64",
+                      "--out", str(run)]) == 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # best at epoch 2; epochs 3 and 4 without improvement -> lr / 10 from epoch 5; stop after epoch 5
+    assert [r["epoch"] for r in records] == [1, 2, 3, 4, 5]
+    assert [r["lr"] for r in records] == pytest.approx([1e-3, 1e-3, 1e-3, 1e-3, 1e-4])
+    assert [r["best_rsum"] for r in records] == [100.0, 120.0, 120.0, 120.0, 120.0]
+    assert load_checkpoint(run / "checkpoints" / "best.pt")["epoch"] == 2
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["finished"]

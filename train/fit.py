@@ -1,0 +1,332 @@
+"""``train <family>``: the training subcommands, one per model family, and :func:`run_training`.
+
+Every family shares the trainer (:mod:`train.trainer`), the data pipeline (:mod:`train.data`)
+and the run directory (:mod:`train.runs`); a family only adds its own options. This issue wires
+``chain`` and ``oecc``; the other families of ``prep.pipelines.FAMILIES`` join through
+:data:`FAMILY_OPTIONS` once their encoders exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from prep.dataset import CHARS_FILE, PreparedDataset, load_vocabulary
+from prep.errors import UserError
+from prep.pipelines import TrainSection, add_pipeline_arguments, stage_settings
+from train.checkpoint import load_checkpoint, remove_stale_temporaries
+from train.data import CaptionSet, feature_spec, load_caption_set, read_features
+from train.evaluate import protocol_folds
+from train.runs import (
+    absolute_settings,
+    check_same_config,
+    dataset_fingerprint,
+    default_run_dir,
+    embed_split,
+    features_fingerprint,
+    load_run,
+    prepare_run_dir,
+    read_config,
+    settings_from_config,
+    write_config,
+)
+from train.trainer import BEST, LAST, Trainer, resolve_device, retrieval_metrics, write_evaluation
+
+#: defaults of --alphabet-size / --image-dim for a --dry-run without data (COCO's lowercased
+#: alphabet is about 70 symbols; VGG fc7 features have 4096 dimensions)
+DRY_RUN_ALPHABET = 72
+DRY_RUN_IMAGE_DIM = 4096
+
+
+def _chain_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--version", choices=("v1", "v2"), default=None,
+                   help="CHAIN-VSE v1 (inception of character convolutions) or v2 (depthwise separable "
+                        "convolutions) (default v1)")
+    p.add_argument("--p", type=float, default=None,
+                   help="width multiplier of the text encoder: p=1 has 256 filters per stream, p=0.5 has "
+                        "128 (default 1.0)")
+
+
+def _oecc_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--arch", choices=("A", "B", "C", "D"), default=None,
+                   help="OECC text encoder architecture A-D (paper, Table 1) (default D)")
+
+
+#: the families that train today, with the options only they take
+FAMILY_OPTIONS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "chain": ("CHAIN-VSE: character inception text encoder, order embeddings", _chain_options),
+    "oecc": ("OECC: order embeddings with character convolutions through time", _oecc_options),
+}
+
+
+def _common_options(p: argparse.ArgumentParser) -> None:
+    data = p.add_argument_group("data")
+    data.add_argument("--data", metavar="PREPARED", default=None,
+                      help="prepared dataset folder written by `prep` (required unless --pipeline gives it)")
+    data.add_argument("--features", metavar="STORE[:global|:fne]", default=None,
+                      help="feature store written by `features`, with the key of the features to use "
+                           "(default key: global if present, else fne)")
+    data.add_argument("--lang", default=None, help="language of the captions to train on (default en)")
+    data.add_argument("--max-chars", dest="max_chars", type=int, default=None,
+                      help="captions are cut to this many characters (default 256)")
+    data.add_argument("--captions-per-epoch", dest="captions_per_epoch", choices=("all", "one"), default=None,
+                      help="'all': every caption once per epoch (CHAIN-VSE, OECC); 'one': one random "
+                           "caption per image per epoch (FNE paper) (default all)")
+    model = p.add_argument_group("model and loss")
+    model.add_argument("--d", type=int, default=None, help="dimension of the joint embedding (default 1024)")
+    model.add_argument("--measure", choices=("order", "cosine"), default=None,
+                       help="similarity: order violation or cosine (default order)")
+    model.add_argument("--order-sqrt", dest="order_sqrt", action=argparse.BooleanOptionalAction, default=None,
+                       help="take the square root of the order violation, as the released code does "
+                            "(default: the papers' squared form)")
+    model.add_argument("--loss", choices=("sum", "max"), default=None,
+                       help="sum of hinges over the contrastive examples, or the hardest only (default sum)")
+    model.add_argument("--margin", type=float, default=None, help="contrastive margin alpha (default 0.05)")
+    opt = p.add_argument_group("optimisation")
+    opt.add_argument("--batch-size", dest="batch_size", type=int, default=None,
+                     help="image-caption pairs per batch; the others are the contrastive examples "
+                          "(default 128)")
+    opt.add_argument("--lr", type=float, default=None, help="Adam learning rate (default 1e-3)")
+    opt.add_argument("--lr-decay-patience", dest="lr_decay_patience", type=int, default=None,
+                     help="divide the learning rate by 10 after this many epochs without a better "
+                          "validation rsum (default 3)")
+    opt.add_argument("--early-stop", dest="early_stop", type=int, default=None,
+                     help="stop after this many epochs without a better validation rsum (default 10)")
+    opt.add_argument("--epochs", type=int, default=None, help="maximum number of epochs (default 30)")
+    opt.add_argument("--grad-clip", dest="grad_clip", type=float, default=None,
+                     help="clip the gradient norm to this value; 0 disables (default 2.0)")
+    opt.add_argument("--seed", type=int, default=None,
+                     help="seed of initialisation and shuffling; on CPU a run is reproducible (default 0)")
+    val = p.add_argument_group("validation")
+    val.add_argument("--val-protocol", dest="val_protocol", choices=("1k", "5cv", "5k", "all"), default=None,
+                     help="protocol of the per-epoch validation rsum (default all: every val image)")
+    val.add_argument("--val-images", dest="val_images", type=int, default=None,
+                     help="validate on the first N val images only (default: all)")
+    run = p.add_argument_group("run")
+    run.add_argument("--out", metavar="RUN_DIR", default=None,
+                     help="run directory (default runs/<family>-<timestamp>)")
+    run.add_argument("--resume", action="store_true",
+                     help="continue the run in --out from its newest checkpoint, also one written mid-epoch")
+    run.add_argument("--overwrite", action="store_true",
+                     help="start over in an --out that already holds a run (its checkpoints are deleted)")
+    run.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, default=None,
+                     help="also write checkpoints/last.pt every this many steps within an epoch "
+                          "(default 200)")
+    run.add_argument("--device", default=None,
+                     help="auto (cuda if available, else cpu), cpu, cuda or cuda:N (default auto)")
+    run.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None,
+                     help="bf16 autocast on CUDA (ignored on CPU) (default off)")
+    run.add_argument("--workers", type=int, default=None,
+                     help="data-loader processes that collate batches (default 0: in process)")
+    run.add_argument("--dry-run", dest="dry_run", action="store_true",
+                     help="build the model, print its parameter counts per part and exit")
+    run.add_argument("--alphabet-size", dest="alphabet_size", type=int, default=None,
+                     help=f"alphabet size for --dry-run without --data (default {DRY_RUN_ALPHABET})")
+    run.add_argument("--image-dim", dest="image_dim", type=int, default=None,
+                     help=f"image feature dimension for --dry-run without --features (default "
+                          f"{DRY_RUN_IMAGE_DIM})")
+    add_pipeline_arguments(p)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add one ``train <family>`` subcommand per family that trains today."""
+    for family, (summary, own_options) in FAMILY_OPTIONS.items():
+        p = subparsers.add_parser(
+            family, help=summary, description=f"{summary}. Adam, learning rate /10 on a validation-rsum "
+            "plateau, early stopping; writes a run directory (config.json, checkpoints/best.pt and last.pt, "
+            "metrics.jsonl, eval/test.json) that --resume continues exactly.")
+        own_options(p.add_argument_group(f"{family} text encoder"))
+        _common_options(p)
+        p.set_defaults(func=functools.partial(_command, family))
+
+
+def _command(family: str, args: argparse.Namespace) -> int:
+    if args.out is None and not args.pipeline:
+        if args.resume:
+            raise UserError("--resume needs --out RUN_DIR (the run to continue)")
+        args.out = default_run_dir(family)
+    if args.resume and not args.pipeline and (Path(args.out) / "config.json").is_file():
+        # options not given again are those the run was started with
+        stored = settings_from_config(read_config(args.out)["settings"])
+        if stored.family != family:
+            raise UserError(f"{args.out}: cannot resume: it is a '{stored.family}' run, not '{family}'")
+        for key in stored.model_fields_set:
+            if getattr(args, key, None) is None and hasattr(args, key) and key not in ("out", "family"):
+                setattr(args, key, getattr(stored, key))
+    settings = stage_settings("train", args, family=family)
+    run_training(settings, resume=args.resume, overwrite=args.overwrite, dry_run=args.dry_run,
+                 alphabet_size=args.alphabet_size, image_dim=args.image_dim)
+    return 0
+
+
+def _format_parameters(report: dict[str, int]) -> str:
+    parts = [f"{k.replace('_', ' ')} {v:,}" for k, v in report.items() if k != "total"]
+    return f"parameters: {', '.join(parts)}; total {report['total']:,}"
+
+
+def _feature_dim(features: str) -> int:
+    """Width of the features a spec names, from the store's metadata (no rows read)."""
+    from features.store import FeatureStore, parse_spec
+
+    path, key = parse_spec(feature_spec(features))
+    store = FeatureStore(path)
+    if key is None:
+        key = "global" if store.has("global") else "fne"
+    name = {"global": "global", "fne": "fne/ternary", "fne_raw": "fne/raw"}[key]
+    if not store.has(name):
+        raise UserError(f"{path}: no '{key}' features in this store")
+    return int(store.array(name).shape[1])
+
+
+def _seed_everything(seed: int) -> None:
+    import random
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def run_training(settings: TrainSection, resume: bool = False, overwrite: bool = False, dry_run: bool = False,
+                 alphabet_size: int | None = None, image_dim: int | None = None,
+                 log: Callable[[str], None] = print) -> Path:
+    """Train (or with ``dry_run`` only build) the model ``settings`` describes; returns the run dir.
+
+    ``resume`` continues ``settings.out`` from its newest checkpoint (a :class:`UserError` names
+    the first setting that differs from the run's ``config.json``); ``overwrite`` starts over in
+    an ``out`` that already holds a run. After training, the best checkpoint is evaluated on the
+    test split (``eval/test.json``) and the table is printed.
+    """
+    from train.losses import contrastive_loss
+    from train.models.vse import build_model
+
+    if settings.family not in FAMILY_OPTIONS:
+        raise UserError(f"family '{settings.family}' cannot be trained yet (available: "
+                        f"{', '.join(FAMILY_OPTIONS)})")
+    settings = absolute_settings(settings)
+    run_dir = Path(settings.out)
+    if dry_run:
+        _dry_run(settings, alphabet_size, image_dim, log)
+        return run_dir
+    if not settings.data:
+        raise UserError("--data is required (give it or use --pipeline)")
+    if not settings.features:
+        raise UserError("--features is required (give it or use --pipeline)")
+    feature_spec(settings.features)
+    prepare_run_dir(run_dir, resume=resume, overwrite=overwrite)
+    remove_stale_temporaries(run_dir / "checkpoints")
+    device = resolve_device(settings.device)
+    train_set, val_set, config = _load_data(settings)
+    _seed_everything(settings.seed)
+    model = build_model(settings, config["alphabet_size"], config["image_dim"])
+    config["parameters"] = model.parameter_report()
+    loss_fn = functools.partial(contrastive_loss, measure=settings.measure, margin=settings.margin,
+                                reduction=settings.loss, order_sqrt=settings.order_sqrt)
+    trainer = Trainer(settings, model, loss_fn, train_set, val_set, run_dir, device, log=log)
+    if resume:
+        check_same_config(run_dir, config)
+        _continue(trainer, settings, log)
+    write_config(run_dir, config)  # on resume: records the new device / epochs / checkpoint_every
+    log(f"{settings.family}: {len(train_set):,} train captions of {train_set.num_images:,} images, "
+        f"{len(val_set):,} val captions of {val_set.num_images:,} images, on {device}")
+    skipped = train_set.skipped_images + val_set.skipped_images
+    if skipped:
+        log(f"skipped {skipped} images with invalid features (train {train_set.skipped_images}, "
+            f"val {val_set.skipped_images})")
+    log(_format_parameters(config["parameters"]))
+    t0 = time.perf_counter()
+    trainer.fit()
+    log(f"training done in {time.perf_counter() - t0:.0f}s: best val rsum {trainer.best_rsum:.2f} "
+        f"after {trainer.epoch} epochs; run directory {run_dir}")
+    evaluate_test(run_dir, settings, device, log)
+    return run_dir
+
+
+def _dry_run(settings: TrainSection, alphabet_size: int | None, image_dim: int | None,
+             log: Callable[[str], None]) -> None:
+    """Build the model and print its parameter counts per part; sizes from the data when given."""
+    from train.models.vse import build_model
+
+    alphabet = (len(load_vocabulary(Path(settings.data) / CHARS_FILE)) if settings.data
+                else alphabet_size or DRY_RUN_ALPHABET)
+    dim = _feature_dim(settings.features) if settings.features else image_dim or DRY_RUN_IMAGE_DIM
+    model = build_model(settings, alphabet, dim)
+    log(f"{settings.family}: alphabet {alphabet}, image features {dim}, d {settings.d}")
+    for part, count in model.parameter_report().items():
+        log(f"  {part.replace('_', ' '):<16} {count:>12,}")
+
+
+def _load_data(settings: TrainSection) -> tuple[CaptionSet, CaptionSet, dict[str, Any]]:
+    """The train and val caption sets, and the run's ``config.json`` content describing them."""
+    dataset = PreparedDataset.load(settings.data)
+    x, valid = read_features(settings.features)
+    train_set = load_caption_set(dataset, x, valid, "train", settings.lang, settings.max_chars)
+    val_set = load_caption_set(dataset, x, valid, "val", settings.lang, settings.max_chars,
+                               max_images=settings.val_images)
+    try:  # too few val images for the protocol: say so now, not after the first epoch
+        protocol_folds(settings.val_protocol, val_set.num_images)
+    except UserError:
+        raise UserError(f"--val-protocol {settings.val_protocol} needs more val images than the "
+                        f"{val_set.num_images} usable ones (use --val-protocol all)") from None
+    config: dict[str, Any] = {
+        "family": settings.family,
+        "settings": settings.model_dump(),
+        "alphabet_size": len(dataset.chars),
+        "image_dim": int(x.shape[1]),
+        "fingerprints": {**dataset_fingerprint(settings.data),
+                         "features": features_fingerprint(x, valid)},
+        "data": {split: {"images": cs.num_images, "captions": len(cs), "skipped_images": cs.skipped_images}
+                 for split, cs in (("train", train_set), ("val", val_set))},
+        "code_version": _code_version(),
+    }
+    return train_set, val_set, config
+
+
+def _continue(trainer: Trainer, settings: TrainSection, log: Callable[[str], None]) -> None:
+    """Load the newest checkpoint into ``trainer`` (a run extended by a larger --epochs goes on)."""
+    path = trainer.checkpoint_dir / LAST
+    state = load_checkpoint(path, map_location="cpu")
+    try:
+        trainer.load_state(state)
+    except (RuntimeError, ValueError, KeyError) as exc:
+        raise UserError(f"{path}: cannot continue from it with this code "
+                        f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+    if trainer.finished and trainer.epoch < settings.epochs and trainer.bad_epochs < settings.early_stop:
+        trainer.finished = False
+    where = (f"epoch {trainer.epoch + 1}, batch {trainer.position}" if trainer.position
+             else f"the end of epoch {trainer.epoch}")
+    log(f"resuming {trainer.run_dir} at {where} (step {trainer.global_step})")
+
+
+def evaluate_test(run_dir: Path, settings: TrainSection, device: torch.device,
+                  log: Callable[[str], None] = print) -> None:
+    """Evaluate the best checkpoint on the test split: ``eval/test.json`` and the printed table."""
+    if not (run_dir / "checkpoints" / BEST).is_file():
+        log("no best checkpoint (no epoch finished); test evaluation skipped")
+        return
+    from train.report import format_results, results_json
+
+    run = load_run(run_dir, "best", str(device))
+    emb = embed_split(run, "test")
+    results = retrieval_metrics(emb.images, emb.captions, emb.caption_image, settings, device=run.device)
+    write_evaluation(run_dir / "eval" / "test.json", {
+        "split": "test", "checkpoint": "best", "epoch": run.epoch, "measure": settings.measure,
+        "order_sqrt": settings.order_sqrt, "lang": settings.lang, "images": int(emb.images.shape[0]),
+        "captions": int(emb.captions.shape[0]), "protocols": results_json(results)})
+    log(format_results(results, title=f"{run_dir.name}: test split, best checkpoint (epoch {run.epoch})"))
+
+
+def _code_version() -> str:
+    try:
+        from features.store import code_version
+    except ImportError:
+        import prep
+
+        return prep.__version__
+    return code_version()

@@ -1,0 +1,250 @@
+"""Run directories: their configuration, the checks before a run starts or resumes, and reading back.
+
+A run directory holds::
+
+    config.json            resolved settings, alphabet size, image dim, fingerprints, code version
+    checkpoints/best.pt    the best validation rsum so far (complete training state)
+    checkpoints/last.pt    the newest state: end of an epoch, or mid-epoch every checkpoint_every steps
+    metrics.jsonl          one JSON object per finished epoch
+    eval/test.json         the test evaluation of the best checkpoint, after training
+
+:func:`load_run` rebuilds a trained model from such a folder; :func:`embed_split` and
+:func:`encode_texts` embed a split or arbitrary texts with it (the evaluation commands use them).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from prep.dataset import CHARS_FILE, DATASET_FILE, PreparedDataset
+from prep.errors import UserError
+from prep.io import sha256_file, write_json_atomic
+from prep.pipelines import TrainSection
+from train.checkpoint import load_checkpoint
+from train.data import CaptionSet, encode_text, load_caption_set, read_features
+from train.trainer import LAST, METRICS, embed_caption_set, embed_codes, resolve_device
+
+CONFIG = "config.json"
+#: settings that may change when a run resumes: where it runs and how long it may go on
+RESUMABLE_CHANGES = ("out", "device", "workers", "epochs", "checkpoint_every")
+
+
+def default_run_dir(family: str) -> str:
+    """``runs/<family>-<YYYYmmdd-HHMMSS>`` (local time)."""
+    return f"runs/{family}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def dataset_fingerprint(data: str | os.PathLike) -> dict[str, str]:
+    """SHA-256 of the prepared ``dataset.json`` and ``chars.json`` (what a character model reads)."""
+    root = Path(data)
+    return {"dataset_json": sha256_file(root / DATASET_FILE), "chars_json": sha256_file(root / CHARS_FILE)}
+
+
+def features_fingerprint(x: np.ndarray, valid: np.ndarray) -> str:
+    """SHA-256 of the matrix shape, the valid mask and about 1024 evenly spaced rows.
+
+    Sampling rows keeps this cheap on a 6 GB FNE matrix while any re-extraction, other network
+    or other row order still changes it.
+    """
+    h = hashlib.sha256(f"{x.shape}".encode())
+    h.update(np.ascontiguousarray(valid).tobytes())
+    step = max(1, x.shape[0] // 1024)
+    h.update(np.ascontiguousarray(x[::step]).tobytes())
+    return h.hexdigest()
+
+
+def absolute_settings(settings: TrainSection) -> TrainSection:
+    """A copy with ``data``, ``features`` (its store part) and ``out`` made absolute."""
+    update: dict[str, Any] = {"out": os.path.abspath(settings.out)}
+    if settings.data:
+        update["data"] = os.path.abspath(settings.data)
+    if settings.features:
+        store, sep, key = settings.features.rpartition(":")
+        if sep and store and "/" not in key and "\\" not in key:
+            update["features"] = f"{os.path.abspath(store)}:{key}"
+        else:
+            update["features"] = os.path.abspath(settings.features)
+    return settings.model_copy(update=update)
+
+
+def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """The ``config.json`` of a run directory (a :class:`UserError` if it is not one)."""
+    path = Path(run_dir) / CONFIG
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{run_dir}: not a run directory (no {CONFIG})") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: invalid JSON: {exc.msg}") from None
+
+
+def settings_from_config(values: dict[str, Any]) -> TrainSection:
+    """The :class:`TrainSection` of a ``config.json``'s ``settings`` (all keys, as resolved).
+
+    Keys that belong to other families (``arch`` in a ``chain`` run) are written with their
+    defaults; the schema refuses them when explicitly set, so they are dropped here.
+    """
+    family = values.get("family")
+    kept = {k: v for k, v in values.items()
+            if k not in TrainSection.family_keys or family in TrainSection.family_keys[k]}
+    return TrainSection.model_validate(kept)
+
+
+def comparable(config: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a run's config that must not change on ``--resume``, flattened to dotted keys."""
+    out = {f"settings.{k}": v for k, v in config["settings"].items() if k not in RESUMABLE_CHANGES}
+    for key in ("alphabet_size", "image_dim"):
+        out[key] = config.get(key)
+    for key, value in (config.get("fingerprints") or {}).items():
+        out[f"fingerprints.{key}"] = value
+    return out
+
+
+def check_same_config(run_dir: Path, new: dict[str, Any]) -> None:
+    """A :class:`UserError` naming the first key where ``new`` differs from the run's ``config.json``."""
+    old = read_config(run_dir)
+    a, b = comparable(old), comparable(json.loads(json.dumps(new)))
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) != b.get(key):
+            raise UserError(f"{run_dir}: cannot resume: {key} was {a.get(key)!r}, now {b.get(key)!r} "
+                            "(resume with the run's settings, or start a new run with another --out)")
+
+
+def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
+    """Check (and with ``overwrite`` clear) ``run_dir`` before a run starts or resumes."""
+    ckpt = run_dir / "checkpoints"
+    has_checkpoints = ckpt.is_dir() and any(ckpt.glob("*.pt"))
+    if resume:
+        if not (ckpt / LAST).is_file():
+            raise UserError(f"{run_dir}: nothing to resume (no checkpoints/{LAST}); drop --resume to start")
+        return
+    if has_checkpoints or (run_dir / METRICS).exists():
+        if not overwrite:
+            raise UserError(f"{run_dir}: already holds a run with checkpoints; use --resume to continue it "
+                            "or --overwrite to start over")
+        if (run_dir / CONFIG).is_file() or has_checkpoints:
+            for name in ("checkpoints", "eval"):
+                shutil.rmtree(run_dir / name, ignore_errors=True)
+            for name in (CONFIG, METRICS):
+                (run_dir / name).unlink(missing_ok=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def write_config(run_dir: Path, config: dict[str, Any]) -> None:
+    """Write ``config.json`` atomically."""
+    write_json_atomic(run_dir / CONFIG, config)
+
+
+@dataclass
+class Embeddings:
+    """Embeddings of a split: caption ``k`` describes image row ``caption_image[k]``."""
+
+    images: torch.Tensor  # (N, d) float32
+    captions: torch.Tensor  # (M, d) float32
+    caption_image: torch.Tensor  # (M,) int64, row in ``images``
+    texts: list[str]
+    imgids: np.ndarray  # (N,) int64, the prepared imgid of each image row
+
+
+@dataclass
+class LoadedRun:
+    """A trained model read back from a run directory, with what it needs to embed new data."""
+
+    run_dir: Path
+    settings: TrainSection
+    config: dict[str, Any]
+    model: torch.nn.Module
+    device: torch.device
+    checkpoint: str
+    epoch: int
+    _dataset: PreparedDataset | None = field(default=None, repr=False)
+    _features: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+
+    @property
+    def dataset(self) -> PreparedDataset:
+        """The prepared dataset the run was trained on (loaded on first use)."""
+        if self._dataset is None:
+            if not self.settings.data:
+                raise UserError(f"{self.run_dir}: the run's config names no prepared dataset")
+            self._dataset = PreparedDataset.load(self.settings.data)
+        return self._dataset
+
+    @property
+    def features(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(x (N, C) float32, valid (N,) bool)`` of the run's feature store (read on first use)."""
+        if self._features is None:
+            if not self.settings.features:
+                raise UserError(f"{self.run_dir}: the run's config names no feature store")
+            self._features = read_features(self.settings.features)
+        return self._features
+
+    def caption_set(self, split: str) -> CaptionSet:
+        """The whole ``split`` in the run's language (all its images, not the val subset)."""
+        x, valid = self.features
+        return load_caption_set(self.dataset, x, valid, split, self.settings.lang, self.settings.max_chars)
+
+
+def load_run(run_dir: str | os.PathLike, checkpoint: str = "best", device: str = "auto") -> LoadedRun:
+    """Rebuild the model of ``run_dir`` from ``checkpoints/<checkpoint>.pt`` (``best`` or ``last``)."""
+    from train.models.vse import build_model
+
+    run_dir = Path(run_dir)
+    if checkpoint not in ("best", "last"):
+        raise UserError(f"unknown checkpoint '{checkpoint}' (expected best or last)")
+    config = read_config(run_dir)
+    settings = settings_from_config(config["settings"])
+    dev = resolve_device(device)
+    state = load_checkpoint(run_dir / "checkpoints" / f"{checkpoint}.pt", map_location="cpu")
+    model = build_model(settings, int(config["alphabet_size"]), int(config["image_dim"]))
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[1].strip() if len(str(exc).splitlines()) > 1 else str(exc)
+        raise UserError(f"{run_dir}/checkpoints/{checkpoint}.pt does not fit the model this code builds "
+                        f"(trained with code {config.get('code_version', '?')}): {first}") from None
+    model.to(dev).eval()
+    return LoadedRun(run_dir=run_dir, settings=settings, config=config, model=model, device=dev,
+                     checkpoint=checkpoint, epoch=int(state["epoch"]))
+
+
+def embed_split(run: LoadedRun, split: str, texts: list[str] | None = None) -> Embeddings:
+    """Embed the images and captions of ``split`` (in the run's language) with the run's model.
+
+    ``texts``, when given, replace the split's captions one for one (same count and order as
+    ``embed_split(run, split).texts``), e.g. with characters replaced for the noise analysis.
+    """
+    cs = run.caption_set(split)
+    if texts is None:
+        images, captions = embed_caption_set(run.model, cs, run.device, amp=run.settings.amp)
+        texts_out = cs.texts
+    else:
+        if len(texts) != len(cs):
+            raise UserError(f"{len(texts)} texts given for split '{split}', which has {len(cs)} captions")
+        images, _ = embed_caption_set(run.model, _no_captions(cs), run.device, amp=run.settings.amp)
+        captions = encode_texts(run, texts)
+        texts_out = list(texts)
+    return Embeddings(images=images, captions=captions, caption_image=torch.from_numpy(cs.caption_image),
+                      texts=texts_out, imgids=cs.imgids)
+
+
+def _no_captions(cs: CaptionSet) -> CaptionSet:
+    return CaptionSet(split=cs.split, lang=cs.lang, images=cs.images, imgids=cs.imgids, codes=cs.codes[:0],
+                      offsets=cs.offsets[:1], caption_image=cs.caption_image[:0], texts=[],
+                      skipped_images=cs.skipped_images)
+
+
+def encode_texts(run: LoadedRun, texts: list[str]) -> torch.Tensor:
+    """Embed arbitrary texts with the run's text encoder: (M, d) float32 on the CPU."""
+    vocab = run.dataset.chars
+    codes = [encode_text(t, vocab, run.settings.max_chars) for t in texts]
+    return embed_codes(run.model, codes, run.device, amp=run.settings.amp)

@@ -1,0 +1,343 @@
+"""One trainer for every family: Adam, validation rsum, LR plateau decay, early stopping, resume.
+
+The loop follows the CHAIN-VSE and OECC papers (section 3.2 of each): Adam at the default
+learning rate, the learning rate divided by 10 when the validation sum of recalls stops
+improving (``ReduceLROnPlateau`` in ``max`` mode, ``lr_decay_patience`` epochs), and early
+stopping after ``early_stop`` epochs without improvement; ``epochs`` is the maximum.
+
+Exact resume. Each epoch's batches are drawn up front from a dedicated, seeded generator whose
+state at the start of the epoch is kept; a checkpoint stores it with the index of the next batch,
+the epoch's running sums and every global random state. A run killed anywhere (SIGKILL included)
+and resumed from its newest checkpoint regenerates the same batch list, skips the batches already
+done and continues with the same generator states, so on CPU it ends with the same weights and
+metrics as a run that was never interrupted. ``metrics.jsonl`` is rewritten from the history kept
+inside the checkpoint, so it never holds an epoch the checkpoint does not know about.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from prep.io import write_json_atomic
+from prep.pipelines import TrainSection
+from train.checkpoint import restore_rng_states, rng_states, save_checkpoint
+from train.data import CaptionSet, batch_loader, epoch_batches, pad_codes
+
+BEST = "best.pt"
+LAST = "last.pt"
+METRICS = "metrics.jsonl"
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> ``cuda`` when available, else ``cpu``; anything else as torch reads it."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        from prep.errors import UserError
+
+        raise UserError(f"--device {name}: CUDA is not available on this machine (use cpu or auto)")
+    return device
+
+
+def autocast(device: torch.device, amp: bool) -> Any:
+    """bf16 autocast on CUDA when ``amp``; a no-op context elsewhere (CPU stays float32, exact)."""
+    if amp and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
+
+
+@torch.no_grad()
+def embed_images(model: torch.nn.Module, features: torch.Tensor, device: torch.device, batch_size: int = 1024,
+                 amp: bool = False) -> torch.Tensor:
+    """Image features (N, C) -> embeddings (N, d) float32 on the CPU, in blocks of ``batch_size``."""
+    was_training = model.training
+    model.eval()
+    out = []
+    for start in range(0, features.shape[0], batch_size):
+        with autocast(device, amp):
+            out.append(model.encode_images(features[start:start + batch_size].to(device)).float().cpu())
+    model.train(was_training)
+    return torch.cat(out) if out else torch.zeros(0, 0)
+
+
+@torch.no_grad()
+def embed_codes(model: torch.nn.Module, codes: list[np.ndarray] | list[list[int]], device: torch.device,
+                batch_size: int = 256, amp: bool = False) -> torch.Tensor:
+    """Character-index captions -> embeddings (M, d) float32 on the CPU.
+
+    Captions are embedded in order of length so each block pads little; the result is in the
+    order given.
+    """
+    was_training = model.training
+    model.eval()
+    order = np.argsort([len(c) for c in codes], kind="stable")
+    out: list[torch.Tensor] = []
+    for start in range(0, len(order), batch_size):
+        chars, lengths = pad_codes([codes[int(k)] for k in order[start:start + batch_size]])
+        with autocast(device, amp):
+            out.append(model.encode_captions(chars.to(device), lengths.to(device)).float().cpu())
+    model.train(was_training)
+    if not out:
+        return torch.zeros(0, 0)
+    emb = torch.cat(out)
+    result = torch.empty_like(emb)
+    result[torch.from_numpy(order)] = emb
+    return result
+
+
+def embed_caption_set(model: torch.nn.Module, captions: CaptionSet, device: torch.device,
+                      batch_size: int = 256, amp: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Embed a split: ``(images (N, d), captions (M, d))``, float32 on the CPU."""
+    codes = [captions.caption_codes(k) for k in range(len(captions))]
+    return (embed_images(model, captions.images, device, amp=amp),
+            embed_codes(model, codes, device, batch_size, amp))
+
+
+def retrieval_metrics(images: torch.Tensor, captions: torch.Tensor, caption_image: np.ndarray | torch.Tensor,
+                      settings: TrainSection, protocols: tuple[str, ...] | None = None,
+                      device: torch.device | None = None) -> dict[str, Any]:
+    """Evaluate embeddings with :func:`train.evaluate.evaluate_protocols`.
+
+    Args:
+        images: (N, d) image embeddings; captions: (M, d); caption_image: (M,) image row of each.
+        settings: the run's ``measure`` and ``order_sqrt``; ``protocols`` default to
+            ``(settings.val_protocol,)``.
+
+    Returns:
+        ``{protocol: ProtocolResult}``; ``result.metrics.rsum`` is the sum of the six recalls.
+    """
+    from train.evaluate import evaluate_protocols
+
+    return evaluate_protocols(images, captions, torch.as_tensor(caption_image), measure=settings.measure,
+                              protocols=protocols or (settings.val_protocol,), order_sqrt=settings.order_sqrt,
+                              device=device)
+
+
+def _jsonable(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
+
+
+class Trainer:
+    """Trains ``model`` on ``train_set``, validating on ``val_set`` each epoch, in ``run_dir``.
+
+    ``loss_fn(images (B, d), captions (B, d)) -> scalar`` is the family's loss; the trainer
+    knows nothing else about the family.
+    """
+
+    def __init__(self, settings: TrainSection, model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor],
+                 train_set: CaptionSet, val_set: CaptionSet, run_dir: Path, device: torch.device,
+                 log: Callable[[str], None] = print) -> None:
+        self.settings = settings
+        self.model = model.to(device)
+        self.loss_fn = loss_fn
+        self.train_set = train_set
+        self.val_set = val_set
+        self.run_dir = Path(run_dir)
+        self.device = device
+        self.log = log
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=settings.lr)
+        # threshold 0: the scheduler and early stopping agree on what "improved" means (strictly higher)
+        self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+            self.optimizer, mode="max", factor=0.1, patience=settings.lr_decay_patience, threshold=0.0)
+        self.shuffle = torch.Generator().manual_seed(settings.seed)
+        # position of the run; everything here goes into every checkpoint
+        self.epoch = 0  # epochs completed
+        self.position = 0  # batches of the current epoch completed
+        self.global_step = 0
+        self.epoch_start_shuffle = self.shuffle.get_state()
+        self.running = {"loss_sum": 0.0, "batches": 0, "captions": 0, "train_time": 0.0}
+        self.best_rsum = -math.inf
+        self.bad_epochs = 0
+        self.history: list[dict[str, Any]] = []
+        self.finished = False
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    @property
+    def checkpoint_dir(self) -> Path:
+        """``<run_dir>/checkpoints``."""
+        return self.run_dir / "checkpoints"
+
+    def state(self) -> dict[str, Any]:
+        """The whole training state as a ``torch.save``-able dictionary."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "epoch": self.epoch,
+            "position": self.position,
+            "global_step": self.global_step,
+            "epoch_start_shuffle": self.epoch_start_shuffle,
+            "running": dict(self.running),
+            "best_rsum": self.best_rsum,
+            "bad_epochs": self.bad_epochs,
+            "history": list(self.history),
+            "finished": self.finished,
+            "rng": rng_states(),
+            "settings": self.settings.model_dump(),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue from a state written by :meth:`state` (model, optimiser, generators, position)."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+        self.global_step = int(state["global_step"])
+        self.epoch_start_shuffle = state["epoch_start_shuffle"]
+        self.shuffle.set_state(self.epoch_start_shuffle)
+        self.running = dict(state["running"])
+        self.best_rsum = float(state["best_rsum"])
+        self.bad_epochs = int(state["bad_epochs"])
+        self.history = list(state["history"])
+        self.finished = bool(state["finished"])
+        restore_rng_states(state["rng"])
+        self.write_metrics()
+
+    def save(self, name: str) -> None:
+        """Write the current state to ``checkpoints/<name>`` atomically."""
+        save_checkpoint(self.checkpoint_dir / name, self.state())
+
+    def write_metrics(self) -> None:
+        """Rewrite ``metrics.jsonl`` from the history (atomically): one JSON object per epoch."""
+        path = self.run_dir / METRICS
+        tmp = path.with_name(f".{METRICS}.tmp")
+        tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in self.history), encoding="utf-8")
+        tmp.replace(path)
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def fit(self) -> dict[str, Any]:
+        """Train until ``epochs``, early stopping or the end of a resumed run; returns the last record."""
+        s = self.settings
+        while not self.finished and self.epoch < s.epochs:
+            self._train_epoch()
+            self._end_epoch()
+        if not self.finished:  # reached the maximum number of epochs
+            self.finished = True
+            self.save(LAST)
+        return self.history[-1] if self.history else {}
+
+    def _train_epoch(self) -> None:
+        s = self.settings
+        # the batch list of this epoch comes from the generator state at the epoch's start, also
+        # when resuming mid-epoch, so the remaining batches are those an uninterrupted run sees
+        self.shuffle.set_state(self.epoch_start_shuffle)
+        batches = epoch_batches(self.train_set, s.batch_size, s.captions_per_epoch, self.shuffle)
+        remaining = batches[self.position:]
+        loader = batch_loader(self.train_set, remaining, workers=s.workers,
+                              pin_memory=self.device.type == "cuda")
+        self.model.train()
+        bar = tqdm(total=len(batches), initial=self.position, desc=f"epoch {self.epoch + 1}/{s.epochs}",
+                   unit="batch", dynamic_ncols=True, leave=False, disable=None)
+        tick = time.perf_counter()
+        for batch in loader:
+            loss = self._step(batch)
+            if not math.isfinite(loss):
+                from prep.errors import UserError
+
+                raise UserError(f"the loss is {loss} at epoch {self.epoch + 1}, step {self.global_step + 1}; "
+                                "checkpoints/last.pt holds the last finite state (try a lower --lr or "
+                                "--grad-clip)")
+            now = time.perf_counter()
+            self.running["train_time"] += now - tick
+            tick = now
+            self.running["loss_sum"] += loss
+            self.running["batches"] += 1
+            self.running["captions"] += int(batch.chars.shape[0])
+            self.position += 1
+            self.global_step += 1
+            rate = self.running["captions"] / max(self.running["train_time"], 1e-9)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.4f}", caps_per_s=f"{rate:.0f}", refresh=False)
+            if self.global_step % s.checkpoint_every == 0 and self.position < len(batches):
+                self.save(LAST)
+                tick = time.perf_counter()  # checkpoint writing is not training time
+        bar.close()
+
+    def _step(self, batch: Any) -> float:
+        s = self.settings
+        images = batch.image_features.to(self.device, non_blocking=True)
+        chars = batch.chars.to(self.device, non_blocking=True)
+        lengths = batch.lengths.to(self.device, non_blocking=True)
+        with autocast(self.device, s.amp):
+            im = self.model.encode_images(images)
+            cap = self.model.encode_captions(chars, lengths)
+        loss = self.loss_fn(im.float(), cap.float())
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if s.grad_clip is not None and s.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
+        self.optimizer.step()
+        return float(loss.detach())
+
+    def validate(self) -> tuple[float, dict[str, Any]]:
+        """Embed the validation split and score it under ``val_protocol``: ``(rsum, metrics JSON)``."""
+        from train.report import results_json
+
+        images, captions = embed_caption_set(self.model, self.val_set, self.device, amp=self.settings.amp)
+        results = retrieval_metrics(images, captions, self.val_set.caption_image, self.settings,
+                                    device=self.device)
+        result = results[self.settings.val_protocol]
+        return float(result.metrics.rsum), _jsonable(results_json(results))
+
+    def _end_epoch(self) -> None:
+        s = self.settings
+        t0 = time.perf_counter()
+        rsum, metrics = self.validate()
+        val_time = time.perf_counter() - t0
+        lr = self.optimizer.param_groups[0]["lr"]
+        improved = rsum > self.best_rsum
+        if improved:
+            self.best_rsum = rsum
+            self.bad_epochs = 0
+        else:
+            self.bad_epochs += 1
+        self.scheduler.step(rsum)
+        r = self.running
+        record = {
+            "epoch": self.epoch + 1,
+            "step": self.global_step,
+            "loss": r["loss_sum"] / max(r["batches"], 1),
+            "lr": lr,
+            "rsum": rsum,
+            "best_rsum": self.best_rsum,
+            "improved": improved,
+            "val": metrics,
+            "captions": r["captions"],
+            "time_s": r["train_time"] + val_time,
+            "train_time_s": r["train_time"],
+            "val_time_s": val_time,
+            "captions_per_s": r["captions"] / max(r["train_time"], 1e-9),
+        }
+        self.history.append(record)
+        self.epoch += 1
+        self.position = 0
+        self.epoch_start_shuffle = self.shuffle.get_state()
+        self.running = {"loss_sum": 0.0, "batches": 0, "captions": 0, "train_time": 0.0}
+        if self.bad_epochs >= s.early_stop or self.epoch >= s.epochs:
+            self.finished = True
+        if improved:
+            self.save(BEST)
+        self.save(LAST)
+        self.write_metrics()
+        note = " (best)" if improved else f" ({self.bad_epochs} without improvement)"
+        if self.finished and self.bad_epochs >= s.early_stop:
+            note += f"; early stop after {s.early_stop} epochs without improvement"
+        self.log(f"epoch {record['epoch']}: loss {record['loss']:.4f}, lr {lr:.1e}, val rsum {rsum:.2f}"
+                 f"{note}, {record['captions_per_s']:.0f} captions/s, {record['time_s']:.1f}s")
+
+
+def write_evaluation(path: Path, record: dict[str, Any]) -> None:
+    """Write an evaluation record (``eval/<split>.json``) atomically."""
+    write_json_atomic(path, _jsonable(record))
