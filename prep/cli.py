@@ -43,11 +43,15 @@ def read_source(settings: PrepSection, work_dir: Path) -> RawDataset:
     """Dispatch to the dataset's reader (``work_dir``: where generated images go)."""
     s = settings
     if s.dataset == "coco":
-        from prep.sources.coco import read_annotations, read_karpathy
+        from prep.sources.coco import read_annotations, read_flat, read_karpathy
 
-        if (s.karpathy is None) == (not s.annotations):
-            raise UserError("prep coco: give either --karpathy FILE or --annotations FILE... "
-                            "--split-file FILE")
+        if sum([s.karpathy is not None, bool(s.annotations), bool(s.flat)]) != 1:
+            raise UserError("prep coco: give one of --karpathy FILE, --annotations FILE... "
+                            "--split-file FILE, or --flat TRAIN.json VAL.json")
+        if s.flat:
+            if len(s.flat) != 2:
+                raise UserError("prep coco: --flat takes two files: TRAIN.json VAL.json")
+            return read_flat(s.flat[0], s.flat[1], s.images, s.flat_val_images)
         if s.karpathy is not None:
             return read_karpathy(s.karpathy, s.images, restval=s.restval, name="coco")
         return read_annotations(s.annotations, s.split_file, s.images, restval=s.restval)
@@ -334,6 +338,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --annotations: a Karpathy JSON or "
                        "{\"train\"|\"restval\"|\"val\"|\"test\": [COCO "
                         "ids or file names]}; images in no split are left out and counted")
+    p.add_argument("--flat", metavar="FILE", nargs=2, default=None,
+                   help="TRAIN.json VAL.json: flat lists of {image_path, caption, image_id} (the layout of "
+                        "the shared coco_sample); train images -> train, the first --flat-val-images "
+                        "val images -> val, the rest -> test")
+    p.add_argument("--flat-val-images", dest="flat_val_images", type=int, metavar="N", default=None,
+                   help="with --flat: how many of VAL.json's images form the val split (default 100)")
     p.add_argument("--restval", action=argparse.BooleanOptionalAction, default=None,
                    help="fold the restval images into train (default) or leave them out (--no-restval)")
     _common(p)

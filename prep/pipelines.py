@@ -47,7 +47,7 @@ class PrepSection(Section):
 
     path_fields: ClassVar[tuple[str, ...]] = (
         "out", "karpathy", "annotations", "split_file", "images", "token_file", "split_dir",
-        "root", "yj", "coco_karpathy",
+        "root", "yj", "coco_karpathy", "flat",
     )
     dataset: Literal["coco", "f8k", "f30k", "multi30k", "yjcaptions", "synthetic"]
     out: str
@@ -55,6 +55,8 @@ class PrepSection(Section):
     karpathy: str | None = None
     annotations: list[str] | None = None
     split_file: str | None = None
+    flat: list[str] | None = None
+    flat_val_images: int = 100
     images: str | None = None
     restval: bool = True
     token_file: str | None = None

@@ -70,7 +70,7 @@ def _run_evaluate(pipe: Pipeline, resume: bool) -> None:
 
     ev = pipe.evaluate
     evaluate_run(Path(pipe.train.out), split=ev.split, protocols=list(ev.protocols), noise=ev.noise,
-                 length_analysis=ev.length_analysis)
+                 length_analysis=ev.length_analysis, chance=True)
 
 
 RUNNERS: dict[str, Callable[[Pipeline, bool], None]] = {
@@ -121,7 +121,7 @@ def _list(file: str | None) -> None:
     path = Path(file) if file else default_pipelines_file()
     for name, pipe in load_pipelines(path).items():
         stages = [s for s in STAGES if getattr(pipe, s) is not None]
-        print(f"{name:24s} {'+'.join(stages):30s} {pipe.description.split('.')[0]}")
+        print(f"{name:24s} {'+'.join(stages):30s} {pipe.description.split('. ')[0].rstrip('.')}")
 
 
 def _command(args: argparse.Namespace) -> int:

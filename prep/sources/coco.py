@@ -33,10 +33,16 @@ def _split_of(karpathy_split: str, restval: bool) -> str | None:
 
 
 def read_karpathy(path: str | os.PathLike, images: str | os.PathLike | None, restval: bool = True,
-                  name: str | None = None) -> RawDataset:
-    """Read a Karpathy split JSON (``dataset_coco.json``, ``dataset_flickr8k.json``, ...)."""
+                  name: str | None = None, data: dict[str, Any] | None = None,
+                  inputs: list[Path] | None = None) -> RawDataset:
+    """Read a Karpathy split JSON (``dataset_coco.json``, ``dataset_flickr8k.json``, ...).
+
+    ``data``: the already parsed Karpathy dict (then ``path`` only names it in messages) and
+    ``inputs`` the files it came from.
+    """
     path = need_file(path, "--karpathy")
-    data = read_json(path)
+    if data is None:
+        data = read_json(path)
     rows = need(data, "images", path, "top level", list)
     out: list[RawImage] = []
     excluded = 0
@@ -64,7 +70,7 @@ def read_karpathy(path: str | os.PathLike, images: str | os.PathLike | None, res
     _check_unique_filenames(out)
     root = need_dir(images, "--images") if images is not None else path.resolve().parent
     return RawDataset(name=name or str(data.get("dataset", "coco")), languages=["en"], images=out,
-                      images_root=root, inputs=[path],
+                      images_root=root, inputs=inputs or [path],
                       excluded={"restval_images": excluded} if excluded else {})
 
 
@@ -169,6 +175,20 @@ def coco_id_from_filename(filename: str) -> int:
     if not m:
         raise UserError(f"cannot parse a COCO id from the file name '{filename}'")
     return int(m.group(1))
+
+
+def read_flat(train: str | os.PathLike, val: str | os.PathLike, images: str | os.PathLike | None,
+              val_images: int = 100) -> RawDataset:
+    """Read flat caption lists (``coco_sample``'s ``train.json`` / ``val.json``) as a Karpathy file.
+
+    See :func:`karpathy_from_flat` for the split rule; ``images`` defaults to the folder ``images``
+    next to ``train``.
+    """
+    train, val = need_file(train, "--flat"), need_file(val, "--flat")
+    data = karpathy_from_flat(train, val, val_images=val_images)
+    if images is None:
+        images = train.resolve().parent / "images"
+    return read_karpathy(train, images, name="coco", data=data, inputs=[train, val])
 
 
 def karpathy_from_flat(train: str | os.PathLike, val: str | os.PathLike, out: str | os.PathLike | None = None,
