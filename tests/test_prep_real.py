@@ -67,6 +67,17 @@ def test_coco_sample_karpathy(coco_sample: Path, tmp_path: Path) -> None:
     assert ds.sentences[0].raw == first["caption"]
     assert len(ds.sentences) == 4000
 
+    # the same from the flat lists directly; the inputs recorded are the two flat files
+    flat = tmp_path / "coco_flat"
+    _prep(["coco", "--flat", str(coco_sample / "train.json"), str(coco_sample / "val.json"),
+           "--out", str(flat)])
+    ds_flat = PreparedDataset.load(flat)
+    assert [im.filename for im in ds_flat.images] == [im.filename for im in ds.images]
+    assert [s.raw for s in ds_flat.sentences] == [s.raw for s in ds.sentences]
+    assert all(im.path.is_file() for im in ds_flat.images)
+    recorded = json.dumps(ds_flat.record["inputs"])
+    assert "train.json" in recorded and "val.json" in recorded
+
 
 def test_coco_official_caption_schema(coco_annotation_samples: Path, tmp_path: Path) -> None:
     # The shared samples keep the real schema and values, but their images and annotations are not
