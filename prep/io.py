@@ -10,18 +10,22 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 
-def write_json_atomic(path: str | os.PathLike, obj: Any, indent: int | None = 1) -> None:
-    """Write ``obj`` as JSON to ``path`` through a temporary file and an atomic rename."""
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO[Any]]:
+    """Open a temporary sibling of ``path`` for writing; on success fsync it and rename it to ``path``.
+
+    On any exception the temporary file is removed and ``path`` is left as it was, so a reader (or a
+    run killed at any instant) only ever sees a complete file.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(obj, fh, ensure_ascii=False, indent=indent)
-            fh.write("\n")
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as fh:
+            yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -29,6 +33,13 @@ def write_json_atomic(path: str | os.PathLike, obj: Any, indent: int | None = 1)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any, indent: int | None = 1) -> None:
+    """Write ``obj`` as JSON to ``path`` through a temporary file and an atomic rename."""
+    with atomic_file(path, "w") as fh:
+        json.dump(obj, fh, ensure_ascii=False, indent=indent)
+        fh.write("\n")
 
 
 @contextlib.contextmanager

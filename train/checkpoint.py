@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import numpy as np
 import torch
 
 from prep.errors import UserError
+from prep.io import atomic_file
 
 
 def rng_states() -> dict[str, Any]:
@@ -48,19 +48,8 @@ def restore_rng_states(states: dict[str, Any]) -> None:
 
 def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
     """Write ``state`` to ``path`` atomically (temporary file, fsync, ``os.replace``)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(state, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with atomic_file(path, "wb") as fh:
+        torch.save(state, fh)
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
