@@ -24,8 +24,8 @@ pipelines:
       {{kind: cnn, cnn: efficientnet_lite0, weights: imagenet, crops: 1, resize: 224, batch_size: 30,
         block_size: 60, out: feats.zarr}}
     train:
-      {{family: chain, version: v1, p: 0.25, d: 128, epochs: {epochs}, batch_size: 64, seed: 0,
-        out: run}}
+      {{family: chain, version: v1, p: 0.25, d: 128, epochs: {epochs}, batch_size: 32, seed: 0,
+        max_chars: 80, out: run}}
     evaluate: {{protocols: [all]}}
 """
 
@@ -38,7 +38,7 @@ def _run(path: Path, capsys: pytest.CaptureFixture[str]) -> str:
 @pytest.mark.slow
 def test_demo_pipeline_small(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "pipelines.yaml"
-    path.write_text(SMALL.format(epochs=4))
+    path.write_text(SMALL.format(epochs=3))
     out = _run(path, capsys)
     for stage in ("prep", "features", "train", "evaluate"):
         assert f"[pipeline small-demo] {stage}: running" in out
@@ -49,13 +49,13 @@ def test_demo_pipeline_small(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert result["i2t"]["r1"] > 4 * 100 / 30, result
     assert result["t2i"]["r10"] > 80.0 and result["i2t"]["r10"] > 80.0, result
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert len(metrics) == 4 and metrics[-1]["loss"] < metrics[0]["loss"]
+    assert len(metrics) == 3 and metrics[-1]["loss"] < metrics[0]["loss"]
 
     out = _run(path, capsys)
     assert out.count(": up to date") == 4, out
 
-    path.write_text(SMALL.format(epochs=5))
+    path.write_text(SMALL.format(epochs=4))
     out = _run(path, capsys)
     assert "prep: up to date" in out and "features: up to date" in out
     assert "train: running" in out and "evaluate: running" in out
-    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 5
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 4
