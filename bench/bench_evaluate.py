@@ -8,6 +8,12 @@ pairs (and to d for order), each line also gives the rate in pairs per second an
 rate implies for the full COCO-5k size (5,000 x 25,000), so a scaled-down run can be
 extrapolated; the line says whether it was measured or extrapolated.
 
+For order on the CPU, the fused kernel of ``train.similarity.order_violation`` is made ready
+before the clock starts (one tiny call with ``fused=True``): that first call's time, which for
+the compiled kernel is the compilation (fast with a warm inductor cache, ``TORCHINDUCTOR_CACHE_DIR``),
+is printed as its own column, and the kernel used as ``compiled`` / ``blocked`` (``VSE_NO_COMPILE=1``
+selects the blocked one) or ``eager`` (``--eager``, the unfused reference).
+
     .venv/bin/python bench/bench_evaluate.py                      # 5000 x 25000, d 1024 8192, both
     .venv/bin/python bench/bench_evaluate.py --measure order --dim 8192 --images 500   # scaled down
 """
@@ -30,7 +36,7 @@ def _maxrss_mb() -> float:
 
 
 def run_one(measure: str, dim: int, images: int, per_image: int, device: str, threads: int | None,
-            block_images: int | None, block_captions: int | None) -> dict[str, object]:
+            block_images: int | None, block_captions: int | None, eager: bool = False) -> dict[str, object]:
     """Evaluate one configuration in this process; returns the measurements."""
     import torch
 
@@ -51,6 +57,17 @@ def run_one(measure: str, dim: int, images: int, per_image: int, device: str, th
         img, cap = img.to(device), cap.to(device)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    kernel, first_call = "", float("nan")
+    if measure == "order" and not device.startswith("cuda"):
+        import train.similarity as similarity_module
+        if eager:  # the unfused reference: no tile takes the fused kernel
+            similarity_module.FUSED_MIN_WORK = 1 << 62
+            kernel = "eager"
+        else:
+            t0 = time.perf_counter()
+            similarity_module.order_violation(img[:2], cap[:2], fused=True)  # compiles, once per d range
+            first_call = time.perf_counter() - t0
+            kernel = similarity_module.fused_backend() or ""
     rss_before = _maxrss_mb()
     stats = TileStats()
     t0 = time.perf_counter()
@@ -67,7 +84,7 @@ def run_one(measure: str, dim: int, images: int, per_image: int, device: str, th
         "full_seconds": seconds * full_pairs / pairs, "measured_full": pairs >= full_pairs,
         "rss_embeddings_mb": rss_before, "rss_peak_mb": _maxrss_mb(),
         "tile": [stats.block_images, stats.block_captions], "tiles": stats.tiles,
-        "check_mean_rank_t2i": float(ranks.t2i.mean()),
+        "check_mean_rank_t2i": float(ranks.t2i.mean()), "kernel": kernel, "first_call_s": first_call,
     }
     if device.startswith("cuda"):
         out["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
@@ -85,15 +102,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--block-images", type=int, default=None)
     parser.add_argument("--block-captions", type=int, default=None)
+    parser.add_argument("--eager", action="store_true",
+                        help="order on the CPU: the unfused eager kernel (the 'before' numbers)")
     parser.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.single:
         print(json.dumps(run_one(args.measure[0], args.dim[0], args.images, args.captions_per_image,
-                                 args.device, args.threads, args.block_images, args.block_captions)))
+                                 args.device, args.threads, args.block_images, args.block_captions,
+                                 args.eager)))
         return
     print(f"{'measure':8}{'d':>6}{'images':>8}{'captions':>10}{'threads':>8}{'tile':>12}{'seconds':>10}"
-          f"{'Mpairs/s':>10}{'5k x 25k s':>12}{'RSS MB emb/peak':>18}{'CUDA MB':>9}")
+          f"{'Mpairs/s':>10}{'5k x 25k s':>12}{'RSS MB emb/peak':>18}{'CUDA MB':>9}{'kernel':>10}"
+          f"{'1st call s':>11}")
     for measure in args.measure:
         for dim in args.dim:
             cmd = [sys.executable, __file__, "--single", "--measure", measure, "--dim", str(dim),
@@ -103,6 +124,8 @@ def main() -> None:
                                 ("--block-captions", args.block_captions)):
                 if value:
                     cmd += [flag, str(value)]
+            if args.eager:
+                cmd.append("--eager")
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
                 print(f"{measure:8}{dim:>6}  failed: {done.stderr.strip().splitlines()[-1:]}")
@@ -113,7 +136,8 @@ def main() -> None:
             print(f"{measure:8}{dim:>6}{r['images']:>8}{r['captions']:>10}{r['threads']:>8}{tile:>12}"
                   f"{r['seconds']:>10.2f}{r['pairs_per_s'] / 1e6:>10.2f}{full:>12}"
                   f"{r['rss_embeddings_mb']:>9.0f}/{r['rss_peak_mb']:<8.0f}"
-                  f"{r.get('cuda_peak_mb', float('nan')):>9.0f}", flush=True)
+                  f"{r.get('cuda_peak_mb', float('nan')):>9.0f}{r['kernel']:>10}{r['first_call_s']:>11.1f}",
+                  flush=True)
     print("* extrapolated from the measured rate (time is proportional to images x captions)")
 
 

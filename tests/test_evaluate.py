@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
 import train.evaluate as ev
+import train.similarity as similarity_module
 from prep.errors import UserError
 from train.cli import main as train_main
 from train.evaluate import (
@@ -22,7 +25,7 @@ from train.evaluate import (
     vsepp_caption_image,
 )
 from train.report import format_results, results_json
-from train.similarity import similarity
+from train.similarity import order_violation, similarity
 
 # --------------------------------------------------------------------------- naive reference
 
@@ -119,6 +122,52 @@ def test_varying_captions_per_image_and_exact_ties() -> None:
         np.testing.assert_array_equal(ranks.t2i, t2i)
 
 
+@pytest.fixture(params=["blocked", pytest.param("compiled", marks=pytest.mark.skipif(
+    os.environ.get("VSE_TEST_COMPILE", "1") == "0", reason="VSE_TEST_COMPILE=0"))])
+def fused_kernel(request, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every gradient-free CPU order tile takes the fused kernel named by the parameter."""
+    monkeypatch.delenv("VSE_NO_COMPILE", raising=False)
+    monkeypatch.setattr(similarity_module, "_fused_backend", None)
+    monkeypatch.setattr(similarity_module, "_compiled_kernel", None)
+    if request.param == "blocked":
+        monkeypatch.setenv("VSE_NO_COMPILE", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the VSE_NO_COMPILE line
+        order_violation(torch.zeros(2, 3), torch.zeros(2, 3), fused=True)
+    assert similarity_module.fused_backend() == request.param
+    monkeypatch.setattr(similarity_module, "FUSED_MIN_WORK", 0)
+    return request.param
+
+
+def eager_order(images, captions, measure, order_sqrt=False):
+    return order_violation(images, captions, order_sqrt, fused=False)
+
+
+def test_fused_kernels_rank_like_the_naive_sort(fused_kernel: str, monkeypatch) -> None:
+    # exact quarter-integer values with ties: every kernel computes the same float32 scores
+    rng = np.random.default_rng(13)
+    ci = np.repeat(np.arange(41), rng.integers(1, 7, size=41))
+    rng.shuffle(ci)
+    im = rng.integers(0, 4, size=(41, 6)).astype(np.float32) / 4
+    cap = rng.integers(0, 4, size=(len(ci), 6)).astype(np.float32) / 4
+    im[3] = im[8]
+    ranks = ground_truth_ranks(im, cap, ci, "order", device="cpu", block_images=6, block_captions=17)
+    monkeypatch.setitem(globals(), "similarity", eager_order)  # the reference: the eager kernel
+    i2t, t2i = naive_ranks(im, cap, ci, "order")
+    np.testing.assert_array_equal(ranks.i2t, i2t)
+    np.testing.assert_array_equal(ranks.t2i, t2i)
+    # continuous values, default tiles: the same ranks as the eager kernel (no near-ties here)
+    ci = vsepp_caption_image(60, 5)
+    im, _ = random_embeddings(60, 300, 64, "order", seed=14)
+    cap = correlated(im, ci, 15, "order")
+    for order_sqrt in (False, True):
+        ranks = ground_truth_ranks(im, cap, ci, "order", order_sqrt, device="cpu")
+        i2t, t2i = naive_ranks(im, cap, ci, "order", order_sqrt)
+        np.testing.assert_array_equal(ranks.i2t, i2t)
+        np.testing.assert_array_equal(ranks.t2i, t2i)
+        assert len(np.unique(t2i)) > 5
+
+
 def test_tie_rule_favours_ground_truth() -> None:
     im = np.ones((4, 3), dtype=np.float32)
     cap = np.ones((8, 3), dtype=np.float32)
@@ -169,8 +218,11 @@ def test_every_pair_is_scored_once_in_bounded_tiles(monkeypatch: pytest.MonkeyPa
 
 def test_default_blocks_bound_memory_at_5k_by_8192() -> None:
     cpu = torch.device("cpu")
-    order = default_block_sizes("order", 8192, cpu)
-    assert order.images * order.captions * 8192 <= 1 << 22  # the broadcast stays at a few MB
+    for dim in (1024, 8192):
+        order = default_block_sizes("order", dim, cpu)
+        assert order.images * order.captions <= 1 << 23  # the fused kernel's memory: the tile
+        # ... and the tile is large enough to take the fused kernel (no N x M x d broadcast)
+        assert order.images * order.captions * dim >= similarity_module.FUSED_MIN_WORK
     cos = default_block_sizes("cosine", 8192, cpu)
     assert cos.images * cos.captions <= 1 << 23  # one float32 tile of at most 32 MB
     cuda = default_block_sizes("order", 8192, torch.device("cuda"))

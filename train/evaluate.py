@@ -19,10 +19,13 @@ Two passes over the tiles: a cheap one computes the ground-truth scores (each im
 its own captions only), the full one counts. Peak memory beyond the embeddings themselves:
 
 * cosine: the tile, ``block_images x block_captions`` float32 (plus a bool tile of the same shape);
-* order: the tile plus the broadcast inside ``order_violation``, at most
+* order on the CPU: the tile (default at most 1024 x 8192, 32 MB; 256 x 1024 at d = 8192): tiles take
+  the fused kernel of :func:`train.similarity.order_violation`, which builds no broadcast (a
+  tile whose ``block_images x block_captions x d`` is under ``FUSED_MIN_WORK``, i.e. d < 32 at
+  the default tile, takes the eager kernel and adds its 16M-element chunk, 64 MB);
+* order on CUDA: the tile plus the broadcast inside ``order_violation``, at most
   ``min(block_images x block_captions x d, max(2**24, block_images x d))`` float32 elements (the
-  CPU defaults keep it near 2M elements, 8 MB; on CUDA it is the 16M-element chunk of
-  :mod:`train.similarity`, 64 MB).
+  16M-element chunk of :mod:`train.similarity`, 64 MB).
 
 No Python loop runs per query; loops run over blocks only.
 
@@ -176,20 +179,25 @@ class BlockSizes:
 def default_block_sizes(measure: str, dim: int, device: torch.device) -> BlockSizes:
     """Tile shape for a measure, embedding size and device.
 
-    Cosine tiles are matrix products: large tiles (1024 x 8192, 32 MB) keep BLAS efficient. Order
-    tiles materialise a (block_images, block_captions, d) broadcast: on the CPU it is kept near
-    2M elements (8 MB); on a loaded 2-core machine its throughput measured the same as with the
-    16M-element chunks of :mod:`train.similarity` (about 0.1 G elements/s either way, see
-    ``bench/bench_evaluate.py``), so the smaller bound costs nothing. On CUDA the tile is
-    256 x 4096 and the 16M-element chunks of :mod:`train.similarity` apply.
+    Cosine tiles are matrix products: large tiles (1024 x 8192, 32 MB) keep BLAS efficient. On
+    the CPU, order tiles are the same size: the fused kernel of
+    :func:`train.similarity.order_violation` builds no (block_images, block_captions, d)
+    broadcast, so memory is the tile itself, and a large tile keeps each call above
+    ``FUSED_MIN_WORK`` (for d >= 32) and amortises its per-call overhead (the compiled kernel ran
+    at 3.6 G elements/s on 128 x 256 tiles, 6.3 G on 1024 x 8192 at d = 1024). Its inner loop
+    reads every caption row of the tile for each image row, so the tile's caption rows are kept
+    near 32 MB and its image rows near 8 MB (1024 x 8192 at d = 1024, 256 x 1024 at d = 8192):
+    at d = 8192 a 1024 x 8192 tile (256 MB of captions) ran 1.3x slower than 1024 x 1024 and
+    1.8x slower than 256 x 1024. On CUDA the eager broadcast runs, in 256 x 4096 tiles and the
+    16M-element chunks of :mod:`train.similarity`.
     """
     if measure == "cosine":
         return BlockSizes(images=1024, captions=8192)
     if device.type == "cuda":
         return BlockSizes(images=256, captions=4096)
-    images = 16
-    captions = max(16, (1 << 21) // max(1, images * dim))
-    return BlockSizes(images=images, captions=captions)
+    d = max(1, dim)
+    return BlockSizes(images=min(1024, max(16, (1 << 21) // d)),
+                      captions=min(8192, max(256, (1 << 23) // d)))
 
 
 def _as_float_tensor(x: np.ndarray | torch.Tensor, name: str) -> torch.Tensor:
