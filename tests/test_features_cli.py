@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from test_features_store import make_prepared
 
 from features.cli import main
@@ -25,13 +24,8 @@ BASE = ["--cnn", "efficientnet_lite0", "--weights", "none", "--crops", "1", "--i
         "--block-size", "4", "--device", "cpu", "--no-progress"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Rows are bit-identical for any thread count here, but 1 thread is much faster on a shared CPU.
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+# one torch thread: bitwise-reproducible CPU kernels and no oversubscription of a shared machine
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -42,13 +42,8 @@ sys.exit(run_cli(main, sys.argv[1:], "train"))
 """
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # one thread: bitwise-reproducible CPU kernels, and no oversubscription of a shared machine
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# one torch thread: bitwise-reproducible CPU kernels and no oversubscription of a shared machine
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

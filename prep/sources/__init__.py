@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,25 @@ def need(obj: Any, key: str, file: str | os.PathLike, where: str, kind: type | t
         names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
         raise UserError(f"{file}: {where}: field '{key}' must be {names}, got {type(value).__name__}")
     return value
+
+
+def caption_annotations(data: Any, file: str | os.PathLike, id_kind: type | None = int
+                        ) -> Iterator[tuple[str, int, Any, Any]]:
+    """``(where, image_id, annotation id, caption)`` of each entry of a COCO-format caption file.
+
+    Missing fields and a repeated annotation id are one-line :class:`UserError` naming the file
+    and the entry (``annotations[k]``).
+    """
+    seen: dict[Any, str] = {}
+    for k, ann in enumerate(need(data, "annotations", file, "top level", list)):
+        where = f"annotations[{k}]"
+        image_id = need(ann, "image_id", file, where, int)
+        ann_id = need(ann, "id", file, where, id_kind)
+        caption = need(ann, "caption", file, where)
+        if ann_id in seen:
+            raise UserError(f"{file}: {where}: duplicate annotation id {ann_id} (also at {seen[ann_id]})")
+        seen[ann_id] = where
+        yield where, image_id, ann_id, caption
 
 
 def need_file(path: str | os.PathLike | None, option: str) -> Path:

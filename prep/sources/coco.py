@@ -19,7 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from prep.errors import UserError
-from prep.sources import RawCaption, RawDataset, RawImage, need, need_dir, need_file, read_json
+from prep.sources import (
+    RawCaption,
+    RawDataset,
+    RawImage,
+    caption_annotations,
+    need,
+    need_dir,
+    need_file,
+    read_json,
+)
 
 KARPATHY_SPLITS = ("train", "restval", "val", "test")
 _COCO_ID = re.compile(r"(\d+)\.\w+$")
@@ -109,16 +118,7 @@ def read_annotations(files: list[str], split_file: str | os.PathLike | None, ima
                                      filepath=m.group(1) if m else None, cocoid=cocoid,
                                      where=f"{path}: {where}")
             order.append(cocoid)
-        seen_ann: dict[Any, str] = {}
-        for k, ann in enumerate(need(data, "annotations", path, "top level", list)):
-            where = f"annotations[{k}]"
-            cocoid = need(ann, "image_id", path, where, int)
-            ann_id = need(ann, "id", path, where, int)
-            caption = need(ann, "caption", path, where)
-            if ann_id in seen_ann:
-                raise UserError(f"{path}: {where}: duplicate annotation id {ann_id} (also at "
-                                f"{seen_ann[ann_id]})")
-            seen_ann[ann_id] = where
+        for where, cocoid, ann_id, caption in caption_annotations(data, path):
             if cocoid not in by_id:
                 raise UserError(f"{path}: {where}: image_id {cocoid} is not in any file's 'images'")
             by_id[cocoid].captions.append(RawCaption("en", caption, ann_id))

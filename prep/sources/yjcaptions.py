@@ -15,7 +15,17 @@ import random
 from typing import Any
 
 from prep.errors import UserError
-from prep.sources import RawCaption, RawDataset, RawImage, RawPair, need, need_dir, need_file, read_json
+from prep.sources import (
+    RawCaption,
+    RawDataset,
+    RawImage,
+    RawPair,
+    caption_annotations,
+    need,
+    need_dir,
+    need_file,
+    read_json,
+)
 
 
 def _english_by_cocoid(path) -> dict[int, dict[str, Any]]:
@@ -48,16 +58,7 @@ def read_yjcaptions(yj: str | os.PathLike | None, coco_karpathy: str | os.PathLi
             raise UserError(f"{yj_path}: images[{k}]: duplicate image id {cocoid}")
         japanese[cocoid] = []
         order.append(cocoid)
-    seen: dict[Any, int] = {}
-    for k, ann in enumerate(need(data, "annotations", yj_path, "top level", list)):
-        where = f"annotations[{k}]"
-        cocoid = need(ann, "image_id", yj_path, where, int)
-        ann_id = need(ann, "id", yj_path, where)
-        caption = need(ann, "caption", yj_path, where)
-        if ann_id in seen:
-            raise UserError(f"{yj_path}: {where}: duplicate annotation id {ann_id} "
-                            f"(also annotations[{seen[ann_id]}])")
-        seen[ann_id] = k
+    for _where, cocoid, ann_id, caption in caption_annotations(data, yj_path, id_kind=None):
         if cocoid not in japanese:
             japanese[cocoid] = []
             order.append(cocoid)
