@@ -146,17 +146,22 @@ def test_fused_path_is_taken_only_for_large_gradient_free_cpu_blocks(monkeypatch
     assert len(calls) == 2  # float64: eager
 
 
-def test_no_compile_uses_the_blocked_kernel_with_one_warning(monkeypatch, fresh_backend):
-    monkeypatch.setenv("VSE_NO_COMPILE", "1")
-    images, captions = order_inputs(20, 90, 64)
-    with pytest.warns(RuntimeWarning, match="VSE_NO_COMPILE"):
-        out = order_violation(images, captions, fused=True)
+def assert_blocked_fallback_taken_once(images, captions, out, sqrt: bool = False) -> None:
+    """The fused path fell back to the blocked kernel, agrees with eager and warns no more."""
     assert similarity_module.fused_backend() == "blocked"
     torch.testing.assert_close(out, order_violation(images, captions, fused=False),
                                rtol=FUSED_RTOL, atol=FUSED_ATOL)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # only once
-        order_violation(images, captions, sqrt=True, fused=True)
+        order_violation(images, captions, sqrt=sqrt, fused=True)
+
+
+def test_no_compile_uses_the_blocked_kernel_with_one_warning(monkeypatch, fresh_backend):
+    monkeypatch.setenv("VSE_NO_COMPILE", "1")
+    images, captions = order_inputs(20, 90, 64)
+    with pytest.warns(RuntimeWarning, match="VSE_NO_COMPILE"):
+        out = order_violation(images, captions, fused=True)
+    assert_blocked_fallback_taken_once(images, captions, out, sqrt=True)
 
 
 def test_compile_failure_falls_back_once_without_crashing(monkeypatch, fresh_backend):
@@ -167,12 +172,7 @@ def test_compile_failure_falls_back_once_without_crashing(monkeypatch, fresh_bac
     images, captions = order_inputs(20, 90, 64)
     with pytest.warns(RuntimeWarning, match="torch.compile failed .*InvalidCxxCompiler"):
         out = order_violation(images, captions, fused=True)
-    assert similarity_module.fused_backend() == "blocked"
-    torch.testing.assert_close(out, order_violation(images, captions, fused=False),
-                               rtol=FUSED_RTOL, atol=FUSED_ATOL)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        order_violation(images, captions, fused=True)
+    assert_blocked_fallback_taken_once(images, captions, out)
 
     def refuses(fn, **kw):
         raise RuntimeError("torch.compile is not supported on this Python")
