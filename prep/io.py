@@ -74,3 +74,67 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         while block := fh.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+class LockedError(Exception):
+    """Another live process holds the lock (its description is the message)."""
+
+
+def lock_path(target: str | os.PathLike) -> Path:
+    """The lock file of ``target``: the hidden sibling ``.<name>.lock``.
+
+    A sibling, not a file inside ``target``: stores and prepared folders are replaced by a rename,
+    and the lock must outlive that.
+    """
+    target = Path(target)
+    return target.with_name(f".{target.name}.lock")
+
+
+@contextlib.contextmanager
+def exclusive_lock(target: str | os.PathLike, what: str = "this output") -> Iterator[Path]:
+    """Hold an exclusive lock on ``target`` (a store, run directory or prepared folder) while writing it.
+
+    The lock is an ``flock`` on :func:`lock_path`, so it is released by the kernel when its holder
+    exits in any way, ``SIGKILL`` included: a lock file left by a killed run is stale and simply
+    taken over. The file records the holder (pid, host, start time, command) for the error message.
+    A second writer gets a :class:`prep.errors.UserError` at once, never a wait.
+    """
+    import fcntl
+    import socket
+    import sys
+    import time
+
+    from prep.errors import UserError
+
+    path = lock_path(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "another process"
+            os.close(fd)
+            raise UserError(f"{target}: {what} is being written by {holder}; wait for it to finish "
+                            f"(or stop it) and run again") from None
+        except OSError:
+            os.close(fd)  # a filesystem without flock: proceed unlocked rather than refuse all work
+            yield path
+            return
+        try:  # the holder before us may have unlinked the file between our open and our lock
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        started = time.strftime("%Y-%m-%d %H:%M:%S")
+        command = " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])[:200]
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {started} ({command})".encode())
+        yield path
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.close(fd)
