@@ -10,7 +10,6 @@ from prep.errors import UserError
 from prep.io import exclusive_lock, lock_path
 
 
-
 def test_second_writer_refused_and_stale_lock_taken_over(tmp_path):
     target = tmp_path / "store.zarr"
     code = ("import sys,time; from prep.io import exclusive_lock\n"
