@@ -220,6 +220,19 @@ class PreparedDataset:
         _check_split(split)
         return [p for p in self.pairs if split is None or p.split == split]
 
+    def images_fingerprint(self) -> str:
+        """SHA-256 of the ordered image list: ``filepath/filename`` and split of every row.
+
+        The identity of a feature store's rows: it changes when images are added, removed,
+        reordered or moved between splits (FNE statistics use the train split), not when only
+        captions or vocabularies change, so re-preparing captions keeps extracted features usable.
+        """
+        import hashlib
+
+        rows = [[f"{im.filepath}/{im.filename}" if im.filepath else im.filename, im.split]
+                for im in self.images]
+        return hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode("utf-8")).hexdigest()
+
     def counts(self) -> dict[str, dict[str, int]]:
         """Images, sentences and pairs per split."""
         out = {sp: {"images": 0, "sentences": 0, "pairs": 0} for sp in SPLITS}
