@@ -18,7 +18,7 @@ import time
 import torch
 
 from train.losses import contrastive_loss
-from train.models import VisualSemanticEmbedding, create_text_encoder
+from train.models import VisualSemanticEmbedding, create_image_encoder, create_text_encoder
 
 
 def bench(encoder: str, p: float, batch: int, chars: int, steps: int, alphabet: int, image_dim: int,
@@ -26,7 +26,8 @@ def bench(encoder: str, p: float, batch: int, chars: int, steps: int, alphabet: 
     """Time ``steps`` training steps of one encoder; returns captions/s and seconds per step."""
     torch.manual_seed(0)
     kwargs = {"p": p} if encoder.startswith("chain") else {}
-    model = VisualSemanticEmbedding(create_text_encoder(encoder, alphabet, **kwargs), image_dim, d).to(device)
+    model = VisualSemanticEmbedding(create_text_encoder(encoder, alphabet, **kwargs),
+                                    create_image_encoder("linear", (image_dim,), d), d).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
     lengths = torch.randint(max(1, chars - 20), chars + 1, (batch,), generator=gen)

@@ -21,10 +21,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from prep.dataset import Vocabulary  # noqa: E402
 from prep.pipelines import TrainSection  # noqa: E402
-from train.data import CaptionSet  # noqa: E402
-from train.losses import contrastive_loss  # noqa: E402
+from train.data import CaptionSet, ImageRows, TextCodec  # noqa: E402
 from train.models.vse import build_model  # noqa: E402
+from train.objectives import ContrastiveObjective  # noqa: E402
 from train.trainer import Trainer, resolve_device  # noqa: E402
 
 MODELS = {
@@ -45,9 +46,11 @@ def random_captions(n_images: int, per_image: int, alphabet: int, image_dim: int
     offsets[1:] = np.cumsum(lengths)
     codes = rng.integers(2, alphabet, int(offsets[-1])).astype(np.int16)
     images = torch.from_numpy(rng.normal(0, 1, (n_images, image_dim)).astype(np.float32))
-    return CaptionSet(split="train", lang="en", images=images, imgids=np.arange(n_images), codes=codes,
-                      offsets=offsets, caption_image=np.repeat(np.arange(n_images), per_image),
-                      texts=[""] * m, skipped_images=0)
+    vocab = Vocabulary(symbols=["<pad>", "<unk>"] + [chr(ord("!") + k) for k in range(alphabet - 2)])
+    return CaptionSet(split="train", lang="en", images=ImageRows(images, np.arange(n_images)),
+                      imgids=np.arange(n_images), codes=codes, offsets=offsets,
+                      caption_image=np.repeat(np.arange(n_images), per_image), texts=[""] * m,
+                      skipped_images=0, codec=TextCodec("chars", vocab, max_len=256))
 
 
 def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> None:
@@ -56,9 +59,8 @@ def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> No
     data = random_captions(max(args.batch_size, 256), 5, args.alphabet, args.image_dim, args.mean_len, 0)
     torch.manual_seed(0)
     model = build_model(settings, args.alphabet, args.image_dim)
-    loss_fn = lambda im, cap: contrastive_loss(im, cap, measure="order", margin=0.05,  # noqa: E731
-                                               reduction="sum")
-    trainer = Trainer(settings, model, loss_fn, data, data, Path("bench-run"), device, log=lambda s: None)
+    objective = ContrastiveObjective(measure="order", margin=0.05, reduction="sum")
+    trainer = Trainer(settings, model, objective, data, data, Path("bench-run"), device, log=lambda s: None)
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(0)).numpy()
     batches = [order[(k * args.batch_size) % (len(order) - args.batch_size):][:args.batch_size]
                for k in range(args.warmup + args.steps)]

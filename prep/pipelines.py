@@ -122,37 +122,46 @@ class TrainSection(Section):
         "version": ("chain",),
         "p": ("chain",),
         "arch": ("oecc",),
+        "word_length": ("liwe",),
     }
     family: Literal["chain", "oecc", "seam", "vse", "clmr", "liwe"]
     data: str | None = None
     features: str | None = None
     out: str
     version: Literal["v1", "v2"] = "v1"
-    p: float = 1.0
+    p: float = Field(1.0, gt=0)
     arch: Literal["A", "B", "C", "D"] = "D"
-    d: int = 1024
+    d: int = Field(1024, ge=1)
     measure: Literal["order", "cosine"] = "order"
     order_sqrt: bool = False
     loss: Literal["sum", "max"] = "sum"
-    margin: float = 0.05
-    batch_size: int = 128
-    lr: float = 1e-3
-    lr_decay_patience: int = 3
-    early_stop: int = 10
-    epochs: int = 30
-    max_chars: int = 256
-    grad_clip: float | None = 2.0
+    margin: float = Field(0.05, ge=0)
+    #: a batch's other pairs are the contrastive examples, so a batch needs at least two
+    batch_size: int = Field(128, ge=2)
+    lr: float = Field(1e-3, gt=0)
+    lr_decay_patience: int = Field(3, ge=1)
+    early_stop: int = Field(10, ge=1)
+    epochs: int = Field(30, ge=1)
+    #: character models read at most this many characters of a caption
+    max_chars: int = Field(256, ge=1)
+    #: word models read at most this many words of a caption
+    max_words: int = Field(100, ge=1)
+    #: word models: words seen fewer times in the train split map to <unk>
+    min_word_count: int = Field(1, ge=1)
+    #: LIWE: characters per word (longer words are cut); None: from the train split's word lengths
+    word_length: int | None = Field(None, ge=1)
+    grad_clip: float | None = Field(2.0, ge=0)
     captions_per_epoch: Literal["all", "one"] = "all"
     #: language of the training and validation captions (``lang`` of the prepared sentences)
     lang: str = "en"
     #: write a mid-epoch checkpoint every this many steps, so ``--resume`` survives a kill
     checkpoint_every: int = Field(200, ge=1)
-    val_images: int | None = None
+    val_images: int | None = Field(None, ge=1)
     val_protocol: Literal["1k", "5cv", "5k", "all"] = "all"
     seed: int = 0
     device: str = "auto"
     amp: bool = False
-    workers: int = 0
+    workers: int = Field(0, ge=0)
 
     @model_validator(mode="after")
     def _family_keys(self) -> TrainSection:
@@ -363,4 +372,17 @@ def stage_settings(stage: str, args: argparse.Namespace, **fixed: Any) -> Sectio
         opt = "--" + loc.replace("_", "-")
         if err["type"] == "missing":
             raise UserError(f"{stage}: {opt} is required (give it or use --pipeline)") from None
+        if loc and loc in model.model_fields and "input" in err:
+            # an option's own value: name the option as typed, with the rule it broke
+            source = f" (from pipeline '{name}')" if name and loc not in _given(args) else ""
+            raise UserError(f"{opt} {err['input']!r}{source}: {_lower_first(err['msg'])}") from None
         raise UserError(f"{stage} ({where}): {loc}: {err['msg']}") from None
+
+
+def _given(args: argparse.Namespace) -> set[str]:
+    return {k for k, v in vars(args).items() if v is not None}
+
+
+def _lower_first(text: str) -> str:
+    text = text[:1].lower() + text[1:]
+    return text.replace("input should be", "must be", 1)

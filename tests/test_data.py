@@ -16,7 +16,15 @@ import torch
 from prep.dataset import PreparedDataset
 from prep.errors import UserError
 from prep.vocab import build_char_vocabulary, build_word_vocabulary
-from train.data import encode_text, epoch_batches, feature_spec, load_caption_set, read_features
+from train.data import (
+    encode_text,
+    epoch_batches,
+    feature_spec,
+    load_caption_set,
+    read_features,
+    text_codec,
+    word_vocabulary,
+)
 
 COLOURS = ("red", "green", "blue", "yellow")
 THINGS = ("dog", "cat", "bus", "kite", "man", "boat")
@@ -98,7 +106,7 @@ def test_caption_set_skips_invalid_images_and_maps_captions(tiny) -> None:
         imgid = int(cs.imgids[cs.caption_image[k]])
         assert cs.texts[k] in [s.raw for s in ds.sentences_of("train", "en") if s.imgid == imgid]
         assert cs.caption_codes(k).tolist() == encode_text(cs.texts[k], ds.chars, 256)
-    assert torch.equal(cs.images, torch.from_numpy(x[cs.imgids]))
+    assert torch.equal(cs.images[:], torch.from_numpy(x[cs.imgids]))
     val = load_caption_set(ds, x, valid, "val", "en", max_chars=256, max_images=3)
     assert val.num_images == 3 and set(val.caption_image.tolist()) == {0, 1, 2}
 
@@ -108,11 +116,11 @@ def test_batch_pads_to_the_longest_caption(tiny) -> None:
     cs = load_caption_set(ds, x, valid, "train", "en", max_chars=20)
     batch = cs.batch([0, 5, 7])
     lengths = [len(cs.caption_codes(k)) for k in (0, 5, 7)]
-    assert batch.chars.shape == (3, max(lengths)) and batch.chars.dtype == torch.long
+    assert batch.text.shape == (3, max(lengths)) and batch.text.dtype == torch.long
     assert batch.lengths.tolist() == lengths and max(lengths) <= 20
     for row, k in enumerate((0, 5, 7)):
-        assert batch.chars[row, : lengths[row]].tolist() == cs.caption_codes(k).tolist()
-        assert (batch.chars[row, lengths[row]:] == 0).all()
+        assert batch.text[row, : lengths[row]].tolist() == cs.caption_codes(k).tolist()
+        assert (batch.text[row, lengths[row]:] == 0).all()
         assert torch.equal(batch.image_features[row], cs.images[cs.caption_image[k]])
 
 
@@ -132,7 +140,68 @@ def test_epoch_orders_are_seeded_and_complete(tiny) -> None:
     assert sorted(cs.caption_image[one].tolist()) == list(range(cs.num_images))
 
 
-def test_region_features_are_refused_by_character_models() -> None:
+def test_region_features_are_refused_by_linear_image_models() -> None:
     with pytest.raises(UserError, match="regions"):
         feature_spec("feats.zarr:regions")
     assert feature_spec("feats.zarr:fne") == "feats.zarr:fne"
+    with pytest.raises(UserError, match="region features"):
+        feature_spec("feats.zarr:global", regions=True)
+    assert feature_spec("feats.zarr:regions", regions=True) == "feats.zarr:regions"
+
+
+def test_word_codec_uses_prepared_tokens_and_train_only_counts(tiny) -> None:
+    ds, x, valid = tiny
+    codec = text_codec(ds, "words", max_len=4, min_word_count=1)
+    cs = load_caption_set(ds, x, valid, "train", "en", 256, codec=codec)
+    sentence = next(s for s in ds.sentences_of("train", "en") if s.raw == cs.texts[0])
+    assert cs.caption_codes(0).tolist() == ds.words.encode(sentence.tokens[:4])
+    batch = cs.batch([0, 1])
+    assert batch.text.shape == (2, 4) and batch.lengths.tolist() == [4, 4]
+    # a rarer-than-min-count word becomes <unk>; the kept words keep their words.json order
+    rare = word_vocabulary(ds.words, min_count=10 ** 6)
+    assert rare.symbols == ["<pad>", "<unk>"]
+    common = min(ds.words.counts.values())
+    kept = word_vocabulary(ds.words, min_count=common + 1)
+    assert kept.symbols == [t for t in ds.words.symbols if t in ("<pad>", "<unk>")
+                            or ds.words.counts[t] > common]
+    # new text (queries, noise) goes through prep's tokenizer: "Red dog." -> red, dog, .
+    [codes] = codec.encode_texts(["Red dog."])
+    assert codes.tolist() == ds.words.encode(["red", "dog", "."])
+
+
+def test_word_chars_codec_spells_words_padded_to_the_word_length(tiny) -> None:
+    ds, x, valid = tiny
+    codec = text_codec(ds, "word_chars", max_len=50, word_length=4)
+    cs = load_caption_set(ds, x, valid, "train", "en", 256, codec=codec)
+    sentence = next(s for s in ds.sentences_of("train", "en") if s.raw == cs.texts[2])
+    codes = cs.caption_codes(2)
+    assert codes.shape == (len(sentence.tokens), 4)
+    for word, row in zip(sentence.tokens, codes, strict=True):
+        spelled = ds.chars.encode(word[:4])
+        assert row.tolist() == spelled + [0] * (4 - len(spelled))
+    batch = cs.batch([2, 3])
+    assert batch.text.shape == (2, int(batch.lengths.max()), 4)
+    assert (batch.text[0, len(sentence.tokens):] == 0).all()
+
+
+def test_int8_features_stay_int8_and_are_converted_per_batch(tiny) -> None:
+    ds, x, valid = tiny
+    ternary = np.sign(np.nan_to_num(x)).astype(np.int8)
+    cs = load_caption_set(ds, ternary, valid, "train", "en", 256)
+    val = load_caption_set(ds, ternary, valid, "val", "en", 256)
+    assert cs.images.features.dtype == torch.int8
+    assert cs.images.features.data_ptr() == val.images.features.data_ptr()  # one array for all splits
+    batch = cs.batch([0, 1, 2])
+    assert batch.image_features.dtype == torch.float32
+    expected = torch.from_numpy(ternary[cs.imgids[cs.caption_image[[0, 1, 2]]]]).float()
+    assert torch.equal(batch.image_features, expected)
+
+
+def test_a_non_finite_valid_row_is_an_error_naming_the_row(tmp_path) -> None:
+    data = make_prepared(tmp_path / "tiny")
+    store = make_store(tmp_path / "tiny.zarr", data)
+    from features.store import FeatureStore
+
+    FeatureStore(store, mode="r+").array("global")[5, 2] = np.inf
+    with pytest.raises(UserError, match="feature row 5 .*NaN or infinity"):
+        read_features(f"{store}:global")

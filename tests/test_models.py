@@ -8,8 +8,10 @@ import torch.nn.functional as F
 
 from prep.pipelines import TrainSection
 from train.models import (
+    ModelSpec,
     VisualSemanticEmbedding,
     build_model,
+    create_image_encoder,
     create_text_encoder,
     list_text_encoders,
     register_text_encoder,
@@ -54,7 +56,8 @@ def test_chain_vse_counts_within_10_percent_of_table_1():
     worst = 0.0
     for name, table in CHAIN_TABLE_1.items():
         for p, expected in zip(WIDTHS, table, strict=True):
-            model = VisualSemanticEmbedding(create_text_encoder(name, 72, p=p), image_dim=8, d=1024)
+            model = VisualSemanticEmbedding(create_text_encoder(name, 72, p=p),
+                                            create_image_encoder("linear", (8,), 1024), d=1024)
             report = model.parameter_report()
             ours = report["text_encoder"] + report["text_projection"]
             error = ours / expected - 1
@@ -139,7 +142,8 @@ def test_encoders_are_deterministic_given_a_seed_and_train(name, kwargs):
 
 def test_visual_semantic_embedding_lives_on_the_positive_unit_sphere():
     torch.manual_seed(0)
-    model = VisualSemanticEmbedding(create_text_encoder("oecc_a", 20), image_dim=16, d=8)
+    model = VisualSemanticEmbedding(create_text_encoder("oecc_a", 20),
+                                    create_image_encoder("linear", (16,), 8), d=8)
     chars, lengths = _batch(20, [5, 3, 6], steps=6)
     images, captions = model(torch.randn(3, 16), chars, lengths)
     for z in (images, captions):
@@ -147,8 +151,8 @@ def test_visual_semantic_embedding_lives_on_the_positive_unit_sphere():
         assert (z >= 0).all()
         torch.testing.assert_close(z.norm(dim=1), torch.ones(3))
     report = model.parameter_report()
-    assert report["text_projection"] == 8 * 512 and report["image_projection"] == 8 * 16
-    assert report["total"] == report["text_encoder"] + report["text_projection"] + report["image_projection"]
+    assert report["text_projection"] == 8 * 512 and report["image_encoder"] == 8 * 16
+    assert report["total"] == report["text_encoder"] + report["text_projection"] + report["image_encoder"]
 
 
 def test_build_model_follows_the_train_settings():
@@ -156,8 +160,38 @@ def test_build_model_follows_the_train_settings():
     assert chain.text_encoder.output_dim == 512
     assert any(type(m).__name__ == "SeparableMaxoutConv1d" for m in chain.modules())
     assert chain.parameter_report()["text_projection"] == 64 * 512
-    assert chain.parameter_report()["image_projection"] == 64 * 12
+    assert chain.parameter_report()["image_encoder"] == 64 * 12
     oecc = build_model(TrainSection(family="oecc", out="r", arch="B", d=32), 72, 12)
     assert oecc.parameter_report()["text_encoder"] == OECC_TABLE_1["oecc_b"]
     with pytest.raises(KeyError, match="family"):
         build_model(TrainSection(family="liwe", out="r"), 30, 12)
+
+
+def test_checkpoints_that_named_w_i_image_projection_still_load():
+    model = build_model(TrainSection(family="oecc", out="r", arch="A", d=8), 20, 12)
+    state = model.state_dict()
+    state["image_projection.weight"] = state.pop("image_encoder.projection.weight")
+    fresh = build_model(TrainSection(family="oecc", out="r", arch="A", d=8, seed=1), 20, 12)
+    fresh.load_state_dict(state)
+    assert torch.equal(fresh.image_encoder.projection.weight, state["image_projection.weight"])
+
+
+def test_image_encoder_registry_and_model_spec_options():
+    with pytest.raises(KeyError, match="unknown image encoder"):
+        create_image_encoder("no_such_encoder", (4,), 2)
+    with pytest.raises(ValueError, match="region"):
+        create_image_encoder("linear", (36, 2048), 8)
+    with pytest.raises(ValueError, match="text input"):
+        ModelSpec("oecc_a", text_input="bytes")
+    # no W_t: the encoder must already output d; with a bias: W_t has d more parameters
+    encoder = create_text_encoder("oecc_a", 20)
+    with pytest.raises(ValueError, match="needs a text projection"):
+        VisualSemanticEmbedding(encoder, create_image_encoder("linear", (4,), 8), d=8, text_projection=False)
+    same = VisualSemanticEmbedding(encoder, create_image_encoder("linear", (4,), 512), d=512,
+                                   text_projection=False, absolute=False)
+    assert same.parameter_report()["text_projection"] == 0
+    biased = VisualSemanticEmbedding(create_text_encoder("oecc_a", 20),
+                                     create_image_encoder("linear", (4,), 8), d=8, text_projection_bias=True)
+    assert biased.parameter_report()["text_projection"] == 8 * 512 + 8
+    chars, lengths = _batch(20, [4, 2], steps=4)
+    assert (same.encode_captions(chars, lengths) < 0).any()  # no |.|: cosine models keep signs

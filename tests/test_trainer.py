@@ -90,9 +90,9 @@ def test_dry_run_prints_parameter_counts_without_data(capsys) -> None:
     for line in out.splitlines()[1:]:
         *name, value = line.split()
         counts[" ".join(name)] = int(value.replace(",", ""))
-    assert set(counts) == {"text encoder", "text projection", "image projection", "total"}
-    assert counts["image projection"] == 4096 * 1024  # --image-dim default x d, no bias
-    assert counts["total"] == counts["text encoder"] + counts["text projection"] + counts["image projection"]
+    assert set(counts) == {"text encoder", "text projection", "image encoder", "total"}
+    assert counts["image encoder"] == 4096 * 1024  # --image-dim default x d, no bias
+    assert counts["total"] == counts["text encoder"] + counts["text projection"] + counts["image encoder"]
     assert "alphabet 72" in out
 
 
@@ -101,7 +101,7 @@ def test_dry_run_takes_sizes_from_data(data, capsys) -> None:
     assert train_cli(["chain", "--data", str(prepared), "--features", features, "--dry-run", *TINY]) == 0
     out = capsys.readouterr().out
     assert "image features 16" in out
-    assert re.search(r"image projection\s+512\n", out)  # 16 x 32, no bias
+    assert re.search(r"image encoder\s+512\n", out)  # 16 x 32, no bias
 
 
 def test_run_directory_layout_and_records(data, tmp_path, capsys) -> None:
@@ -113,8 +113,9 @@ def test_run_directory_layout_and_records(data, tmp_path, capsys) -> None:
     assert "parameters: text encoder" in out and "skipped 1 images" in out and "Image-to-text" in out
     assert {p.name for p in (run / "checkpoints").iterdir()} == {"best.pt", "last.pt"}
     config = json.loads((run / "config.json").read_text())
-    assert config["settings"]["family"] == "chain" and config["image_dim"] == 16
-    assert config["alphabet_size"] == len(json.loads((prepared / "chars.json").read_text())["symbols"])
+    assert config["settings"]["family"] == "chain" and config["feature_shape"] == [16]
+    assert config["vocab_size"] == len(json.loads((prepared / "chars.json").read_text())["symbols"])
+    assert config["text_input"] == "chars"
     assert config["data"]["train"]["skipped_images"] == 1
     assert set(config["fingerprints"]) == {"dataset_json", "chars_json", "features"}
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -190,12 +191,46 @@ def test_learning_rate_decay_and_early_stopping(data, tmp_path, monkeypatch) -> 
     monkeypatch.setattr(fit, "evaluate_test", lambda *a, **k: None)
     run = tmp_path / "plateau"
     assert train_cli(["chain", "--data", str(prepared), "--features", features, *TINY, "--epochs", "7",
-                      "--lr-decay-patience", "1", "--early-stop", "3", "--batch-size", "64",
+                      "--lr-decay-patience", "2", "--early-stop", "3", "--batch-size", "64",
                       "--out", str(run)]) == 0
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    # best at epoch 2; epochs 3 and 4 without improvement -> lr / 10 from epoch 5; stop after epoch 5
+    # best at epoch 2; 2 epochs (3, 4) without improvement -> lr / 10 from epoch 5 (the help's
+    # "after this many epochs"); 3 without improvement -> stop after epoch 5
     assert [r["epoch"] for r in records] == [1, 2, 3, 4, 5]
     assert [r["lr"] for r in records] == pytest.approx([1e-3, 1e-3, 1e-3, 1e-3, 1e-4])
     assert [r["best_rsum"] for r in records] == [100.0, 120.0, 120.0, 120.0, 120.0]
     assert load_checkpoint(run / "checkpoints" / "best.pt")["epoch"] == 2
     assert load_checkpoint(run / "checkpoints" / "last.pt")["finished"]
+
+
+@pytest.mark.parametrize("option", [["--lr", "-1"], ["--batch-size", "0"], ["--p", "0"], ["--d", "0"],
+                                    ["--epochs", "0"], ["--epochs", "-3"], ["--lr-decay-patience", "0"]])
+def test_impossible_options_are_one_line_errors(data, tmp_path, capsys, option) -> None:
+    prepared, features = data
+    code = train_cli(["chain", "--data", str(prepared), "--features", features, "--out", str(tmp_path / "r"),
+                      *option])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert err.startswith(f"train: error: {option[0]} {option[1]}") and "must be" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_second_trainer_on_one_run_directory_is_refused(data, tmp_path, capsys) -> None:
+    prepared, features = data
+    run = tmp_path / "locked"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom prep.io import exclusive_lock\n"
+         f"with exclusive_lock({str(run)!r}):\n    print('held', flush=True)\n    time.sleep(60)\n"],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        code = train_cli(["chain", "--data", str(prepared), "--features", features, *TINY, "--epochs", "1",
+                          "--out", str(run)])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and f"pid {holder.pid}" in err and len(err.splitlines()) == 1
+    finally:
+        holder.kill()
+        holder.wait()
+    # the killed holder's lock is stale: the run now starts
+    assert train_cli(["chain", "--data", str(prepared), "--features", features, *TINY, "--epochs", "1",
+                      "--out", str(run)]) == 0

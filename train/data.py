@@ -2,10 +2,12 @@
 
 A split is loaded once into a :class:`CaptionSet`: the image features of its usable images (rows
 of the feature store whose ``valid`` flag is set; the others are skipped and counted), every
-caption of the chosen language as character indices of the prepared ``chars.json`` (lowercased
-as the alphabet was built, unknown characters -> ``<unk>`` = 1, truncated at ``max_chars``),
-and ``caption_image``, the row of each caption's image. Captions are kept as one flat array plus
-offsets, so COCO's 600k captions cost a few tens of megabytes instead of 600k Python lists.
+caption of the chosen language encoded by the family's :class:`TextCodec` (character indices of
+the prepared ``chars.json``, word indices of ``words.json``, or words spelled in characters;
+unknown symbols -> ``<unk>`` = 1), and ``caption_image``, the row of each caption's image.
+Captions are kept as one flat array plus offsets, so COCO's 600k captions cost a few tens of
+megabytes instead of 600k Python lists; image features stay in the store's dtype, in one array
+shared by the splits (:class:`ImageRows`).
 
 An epoch is a fixed list of batches drawn up front from a seeded :class:`torch.Generator`
 (:func:`epoch_batches`): that list, plus the index of the next batch, is all a mid-epoch
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -28,22 +30,24 @@ from prep.errors import UserError
 class Batch(NamedTuple):
     """One training or embedding batch; ``T`` is the longest caption of the batch."""
 
-    image_features: torch.Tensor  # (B, C) float32
-    chars: torch.Tensor  # (B, T) int64, padded with 0
-    lengths: torch.Tensor  # (B,) int64, >= 1
+    image_features: torch.Tensor  # (B, *feature_shape) float32
+    text: torch.Tensor  # (B, T) or (B, T, C) int64, padded with 0 (see train.models.registry.TEXT_INPUTS)
+    lengths: torch.Tensor  # (B,) int64, >= 1 (characters or words)
     image_index: torch.Tensor  # (B,) int64, row of the caption's image in the CaptionSet
 
 
-def feature_spec(features: str) -> str:
-    """Check that ``STORE[:key]`` names features a character model can read; returns it unchanged.
+def feature_spec(features: str, regions: bool = False) -> str:
+    """Check that ``STORE[:key]`` names features the model can read; returns it unchanged.
 
-    The key is ``global`` or ``fne`` (or ``fne_raw``); a bare store path lets the reader pick
-    ``global`` when the store has it, else ``fne``.
+    The key is ``global`` or ``fne`` (or ``fne_raw``) for models with a linear image side, and
+    ``regions`` for region models (``regions=True``); a bare store path lets the reader pick.
     """
     store, sep, key = features.rpartition(":")
-    if sep and store and key == "regions":
-        raise UserError(f"{features}: region features need the clmr/liwe families, not a character "
-                        "model (use ':global' or ':fne')")
+    if sep and store and (key == "regions") != regions and key in ("regions", "global", "fne", "fne_raw"):
+        if regions:
+            raise UserError(f"{features}: this family reads region features ('STORE:regions')")
+        raise UserError(f"{features}: region features need the clmr/liwe families, not a model with a "
+                        "linear image side (use ':global' or ':fne')")
     return features
 
 
@@ -58,19 +62,158 @@ def encode_text(text: str, vocab: Vocabulary, max_chars: int) -> list[int]:
     return codes or [vocab.index(vocab.unk)]
 
 
-def pad_codes(codes: Sequence[Sequence[int]] | Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pad captions to the longest one: ``(chars (B, T) int64, lengths (B,) int64)``."""
-    lengths = torch.tensor([len(c) for c in codes], dtype=torch.long)
-    chars = torch.full((len(codes), int(lengths.max()) if len(codes) else 0), PAD_INDEX, dtype=torch.long)
-    for i, c in enumerate(codes):
-        chars[i, : len(c)] = torch.as_tensor(np.asarray(c, dtype=np.int64))
-    return chars, lengths
+def word_vocabulary(words: Vocabulary, min_count: int) -> Vocabulary:
+    """``words.json`` restricted to tokens seen at least ``min_count`` times in the train split.
+
+    Tokens stay in their ``words.json`` order (most frequent first), so indices are stable for a
+    given ``min_count``; the others map to ``<unk>``.
+    """
+    if min_count <= words.min_count:
+        return words
+    kept = [t for t in words.symbols[2:] if words.counts.get(t, 0) >= min_count]
+    return Vocabulary(symbols=words.symbols[:2] + kept, counts={t: words.counts[t] for t in kept},
+                      min_count=min_count, lowercase=words.lowercase, pad=words.pad, unk=words.unk)
 
 
-def encode_batch(texts: Sequence[str], vocab: Vocabulary, max_chars: int
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Texts -> ``(chars (B, T) int64, lengths (B,) int64)``, padded to the longest."""
-    return pad_codes([encode_text(t, vocab, max_chars) for t in texts])
+@dataclass(frozen=True)
+class TextCodec:
+    """How captions become the integer tokens a text encoder reads (its ``text_input``).
+
+    Attributes:
+        kind: ``chars``, ``words`` or ``word_chars`` (:data:`train.models.registry.TEXT_INPUTS`).
+        vocab: the character alphabet (``chars``, ``word_chars``) or word vocabulary (``words``).
+        max_len: captions are cut to this many characters (``chars``) or words (the others).
+        word_length: characters per word for ``word_chars`` (longer words are cut, shorter padded).
+        lang: language of new texts given to :meth:`encode_texts` (their tokenizer).
+
+    Dataset captions use the tokens ``prep`` wrote; new texts (noise analysis, queries) are tokenized
+    with the same tokenizer (:func:`prep.tokenize.tokenize`).
+    """
+
+    kind: str
+    vocab: Vocabulary
+    max_len: int
+    word_length: int = 0
+    lang: str = "en"
+
+    @property
+    def vocab_size(self) -> int:
+        """Symbols the encoder's input layer must cover."""
+        return len(self.vocab)
+
+    @property
+    def item_width(self) -> int:
+        """Integers per position: ``word_length`` for ``word_chars``, else 1."""
+        return self.word_length if self.kind == "word_chars" else 1
+
+    def encode(self, raw: str, tokens: Sequence[str]) -> np.ndarray:
+        """One caption -> ``(L,)`` (``chars``, ``words``) or ``(L, word_length)`` (``word_chars``) int64."""
+        unk = self.vocab.index(self.vocab.unk)
+        if self.kind == "chars":
+            return np.asarray(encode_text(raw, self.vocab, self.max_len), dtype=np.int64)
+        tokens = list(tokens[: self.max_len])
+        if self.kind == "words":
+            return np.asarray(self.vocab.encode(tokens) or [unk], dtype=np.int64)
+        out = np.zeros((max(1, len(tokens)), self.word_length), dtype=np.int64)
+        if not tokens:
+            out[0, 0] = unk
+        for i, token in enumerate(tokens):
+            word = token.lower() if self.vocab.lowercase else token
+            codes = self.vocab.encode(word[: self.word_length]) or [unk]
+            out[i, : len(codes)] = codes
+        return out
+
+    def encode_texts(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """New texts (not from the prepared dataset) -> their codes, tokenized as ``prep`` does."""
+        if self.kind == "chars":
+            return [self.encode(t, ()) for t in texts]
+        from prep.tokenize import normalize, tokenize
+
+        normalized = [normalize(t) for t in texts]
+        token_lists = tokenize(normalized, self.lang, self.vocab.lowercase) if normalized else []
+        return [self.encode(t, toks) for t, toks in zip(normalized, token_lists, strict=True)]
+
+    def collate(self, codes: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pad to the longest: ``(tokens (B, T) or (B, T, C) int64, lengths (B,) int64)``."""
+        lengths = torch.tensor([len(c) for c in codes], dtype=torch.long)
+        t = int(lengths.max()) if len(codes) else 0
+        shape = (len(codes), t) if self.kind != "word_chars" else (len(codes), t, self.word_length)
+        tokens = torch.full(shape, PAD_INDEX, dtype=torch.long)
+        for i, c in enumerate(codes):
+            tokens[i, : len(c)] = torch.as_tensor(np.asarray(c, dtype=np.int64))
+        return tokens, lengths
+
+
+def text_codec(dataset: PreparedDataset, kind: str, max_len: int, lang: str = "en", min_word_count: int = 1,
+               word_length: int = 0) -> TextCodec:
+    """The :class:`TextCodec` of ``kind`` over a prepared dataset's train-split vocabularies."""
+    if kind == "words":
+        return TextCodec("words", word_vocabulary(dataset.words, min_word_count), max_len, lang=lang)
+    if kind == "word_chars":
+        if word_length < 1:
+            raise UserError("a word_chars text input needs a word length of at least 1")
+        return TextCodec("word_chars", dataset.chars, max_len, word_length, lang)
+    if kind != "chars":
+        raise ValueError(f"unknown text input {kind!r}")
+    return TextCodec("chars", dataset.chars, max_len, lang=lang)
+
+
+def codec_for(settings: Any, dataset: PreparedDataset, text_input: str) -> TextCodec:
+    """The :class:`TextCodec` a ``TrainSection`` asks for, over ``dataset``'s vocabularies.
+
+    ``text_input`` is the family's (:attr:`train.models.registry.ModelSpec.text_input`); the
+    settings give the limits (``max_chars``, ``max_words``), ``min_word_count``, ``word_length``
+    and the language.
+    """
+    if text_input == "chars":
+        return text_codec(dataset, "chars", settings.max_chars, settings.lang)
+    if text_input == "words":
+        return text_codec(dataset, "words", settings.max_words, settings.lang, settings.min_word_count)
+    if settings.word_length is None:
+        raise UserError(f"family '{settings.family}' spells words in characters: give --word-length")
+    return text_codec(dataset, "word_chars", settings.max_words, settings.lang,
+                      word_length=settings.word_length)
+
+
+class ImageRows:
+    """The image features of a split: rows ``rows`` of one feature array shared by every split.
+
+    The array keeps its stored dtype (float32 CNN features, int8 ternary FNE, float16 regions):
+    rows are gathered and converted to float32 per batch, so an int8 FNE is never expanded to a
+    dense float32 copy and the train and val splits share one array.
+
+    Args:
+        features: (N_all, *feature_shape) tensor, any real dtype, in the prepared dataset's imgid order.
+        rows: (N,) int64, the feature row (imgid) of each image of the split.
+    """
+
+    def __init__(self, features: torch.Tensor, rows: np.ndarray) -> None:
+        self.features = features
+        self.rows = np.asarray(rows, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """``(N, *feature_shape)``."""
+        return (len(self.rows), *self.features.shape[1:])
+
+    @property
+    def feature_shape(self) -> tuple[int, ...]:
+        """Shape of one image's features: ``(C,)`` or ``(k, D)``."""
+        return tuple(self.features.shape[1:])
+
+    def __getitem__(self, index: int | slice | np.ndarray | torch.Tensor) -> torch.Tensor:
+        """Rows ``index`` of the split as float32 ``(B, *feature_shape)`` (one row for an int index)."""
+        if isinstance(index, torch.Tensor):
+            index = index.cpu().numpy()
+        return self.features[torch.from_numpy(np.atleast_1d(self.rows[index]))].float().reshape(
+            (-1, *self.feature_shape) if not isinstance(index, int | np.integer) else self.feature_shape)
+
+    def numpy(self) -> np.ndarray:
+        """All rows as a float32 array ``(N, *feature_shape)`` (a copy: for small splits and tests)."""
+        return self[:].numpy()
 
 
 @dataclass
@@ -79,13 +222,14 @@ class CaptionSet:
 
     split: str
     lang: str
-    images: torch.Tensor  # (N, C) float32, usable images of the split in imgid order
+    images: ImageRows  # (N, *feature_shape), usable images of the split in imgid order
     imgids: np.ndarray  # (N,) int64, the prepared imgid (feature row) of each image
-    codes: np.ndarray  # (sum of lengths,) int16/int32, every caption's characters end to end
+    codes: np.ndarray  # (sum of lengths * width,) int16/int32, every caption's codes end to end
     offsets: np.ndarray  # (M + 1,) int64, caption k is codes[offsets[k]:offsets[k + 1]]
     caption_image: np.ndarray  # (M,) int64, row in ``images`` of each caption's image
     texts: list[str]
     skipped_images: int  # images of the split whose features are invalid
+    codec: TextCodec
 
     def __len__(self) -> int:
         return len(self.caption_image)
@@ -93,74 +237,98 @@ class CaptionSet:
     @property
     def num_images(self) -> int:
         """Number of usable images N."""
-        return int(self.images.shape[0])
+        return len(self.images)
 
     def caption_codes(self, k: int) -> np.ndarray:
-        """Character indices of caption ``k``."""
-        return self.codes[self.offsets[k]: self.offsets[k + 1]]
+        """Codes of caption ``k``: ``(L,)``, or ``(L, word_length)`` for ``word_chars``."""
+        flat = self.codes[self.offsets[k]: self.offsets[k + 1]]
+        width = self.codec.item_width
+        return flat if width == 1 else flat.reshape(-1, width)
 
     def batch(self, indices: Sequence[int] | np.ndarray) -> Batch:
         """The batch of captions ``indices`` (M-indices) with their images' features."""
         idx = np.asarray(indices, dtype=np.int64)
-        chars, lengths = pad_codes([self.caption_codes(int(k)) for k in idx])
+        tokens, lengths = self.codec.collate([self.caption_codes(int(k)) for k in idx])
         image_index = torch.from_numpy(self.caption_image[idx])
-        return Batch(self.images[image_index], chars, lengths, image_index)
+        return Batch(self.images[image_index], tokens, lengths, image_index)
 
 
 def read_features(features: str) -> tuple[np.ndarray, np.ndarray]:
     """``features.store.read_matrix`` on ``STORE[:key]``: ``(x (N, C) float32, valid (N,) bool)``."""
     from features.store import read_matrix  # the feature stage is imported only when features are read
 
-    x, valid = read_matrix(feature_spec(features))
-    return np.asarray(x, dtype=np.float32), np.asarray(valid, dtype=bool)
+    x, valid = read_matrix(features)
+    x = np.asarray(x)
+    valid = np.asarray(valid, dtype=bool)
+    check_finite_rows(x, valid, features)
+    return x, valid
 
 
-def load_caption_set(dataset: PreparedDataset, x: np.ndarray, valid: np.ndarray, split: str, lang: str,
-                     max_chars: int, max_images: int | None = None) -> CaptionSet:
+def check_finite_rows(x: np.ndarray, valid: np.ndarray, source: str, block: int = 4096) -> None:
+    """A :class:`UserError` naming the first row marked valid whose features are NaN or infinite."""
+    if not np.issubdtype(x.dtype, np.floating):
+        return
+    for start in range(0, x.shape[0], block):
+        rows = x[start:start + block].reshape(min(block, x.shape[0] - start), -1)
+        bad = valid[start:start + block] & ~np.isfinite(rows).all(axis=1)
+        if bad.any():
+            row = start + int(np.flatnonzero(bad)[0])
+            raise UserError(f"{source}: feature row {row} (imgid {row}) is marked valid but contains NaN or "
+                            "infinity; run `features verify --repair` on the store and finish it again")
+
+
+def load_caption_set(dataset: PreparedDataset, x: np.ndarray | torch.Tensor, valid: np.ndarray, split: str,
+                     lang: str, max_chars: int, max_images: int | None = None,
+                     codec: TextCodec | None = None) -> CaptionSet:
     """Build the :class:`CaptionSet` of ``split`` in ``lang``.
 
     Args:
         dataset: the prepared dataset.
-        x: (N_all, C) features in ``imgid`` order; ``valid``: (N_all,) usable rows.
+        x: (N_all, *feature_shape) features in ``imgid`` order (kept in their dtype, not copied);
+            ``valid``: (N_all,) usable rows.
         split: ``train``, ``val`` or ``test``; ``lang``: caption language.
-        max_chars: captions are truncated to this many characters.
+        max_chars: captions are truncated to this many characters (the default ``chars`` codec).
         max_images: keep only the first images of the split (validation on a subset).
+        codec: how captions become tokens (default: characters of the prepared alphabet).
 
     Images without a caption in ``lang`` are left out (they cannot be retrieved by text);
     images with invalid features are left out and counted in ``skipped_images``.
     """
+    codec = codec or text_codec(dataset, "chars", max_chars, lang)
     if x.shape[0] != len(dataset.images):
         raise UserError(f"feature store has {x.shape[0]} rows but {dataset.root} has {len(dataset.images)} "
                         "images: the store was extracted from another dataset")
     if lang not in dataset.languages:
         raise UserError(f"{dataset.root}: no captions in language '{lang}' "
                         f"(this dataset has {', '.join(dataset.languages)})")
-    per_image: dict[int, list[str]] = {}
+    per_image: dict[int, list[tuple[str, tuple[str, ...]]]] = {}
     for s in dataset.sentences_of(split, lang):
-        per_image.setdefault(s.imgid, []).append(s.raw)
+        per_image.setdefault(s.imgid, []).append((s.raw, s.tokens))
     rows = sorted(per_image)
     if max_images is not None:
         rows = rows[:max_images]
     kept = [r for r in rows if valid[r]]
     skipped = len(rows) - len(kept)
     texts: list[str] = []
+    encoded: list[np.ndarray] = []
     caption_image: list[int] = []
     for row, imgid in enumerate(kept):
-        texts.extend(per_image[imgid])
+        for raw, tokens in per_image[imgid]:
+            texts.append(raw)
+            encoded.append(codec.encode(raw, tokens))
         caption_image.extend([row] * len(per_image[imgid]))
     if not texts:
         raise UserError(f"{dataset.root}: split '{split}' has no usable {lang} captions "
                         f"({skipped} images skipped for invalid features)")
-    encoded = [encode_text(t, dataset.chars, max_chars) for t in texts]
-    dtype = np.int16 if len(dataset.chars) < 2**15 else np.int32
+    dtype = np.int16 if codec.vocab_size < 2**15 else np.int32
     offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum([len(c) for c in encoded])
-    codes = np.fromiter((c for e in encoded for c in e), dtype=dtype, count=int(offsets[-1]))
+    offsets[1:] = np.cumsum([e.size for e in encoded])
+    codes = np.concatenate([e.reshape(-1) for e in encoded]).astype(dtype)
     imgids = np.asarray(kept, dtype=np.int64)
-    return CaptionSet(split=split, lang=lang, images=torch.from_numpy(np.ascontiguousarray(x[imgids])),
-                      imgids=imgids, codes=codes, offsets=offsets,
-                      caption_image=np.asarray(caption_image, dtype=np.int64), texts=texts,
-                      skipped_images=skipped)
+    features = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(x))
+    return CaptionSet(split=split, lang=lang, images=ImageRows(features, imgids), imgids=imgids, codes=codes,
+                      offsets=offsets, caption_image=np.asarray(caption_image, dtype=np.int64), texts=texts,
+                      skipped_images=skipped, codec=codec)
 
 
 def epoch_batches(captions: CaptionSet, batch_size: int, mode: str, generator: torch.Generator

@@ -18,12 +18,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from prep.dataset import CHARS_FILE, PreparedDataset, load_vocabulary
+from prep.dataset import PreparedDataset
 from prep.errors import UserError
+from prep.io import exclusive_lock
 from prep.pipelines import TrainSection, add_pipeline_arguments, stage_settings
 from train.checkpoint import load_checkpoint, remove_stale_temporaries
-from train.data import CaptionSet, feature_spec, load_caption_set, read_features
+from train.data import CaptionSet, codec_for, feature_spec, load_caption_set, read_features
 from train.evaluate import protocol_folds
+from train.models.registry import ModelSpec, model_spec
 from train.runs import (
     absolute_settings,
     check_same_config,
@@ -43,6 +45,8 @@ from train.trainer import BEST, LAST, Trainer, resolve_device, retrieval_metrics
 #: alphabet is about 70 symbols; VGG fc7 features have 4096 dimensions)
 DRY_RUN_ALPHABET = 72
 DRY_RUN_IMAGE_DIM = 4096
+#: default --vocab-size of a word model's --dry-run without data: the SEAM paper's COCO vocabulary
+DRY_RUN_VOCABULARY = 11360
 
 
 def _chain_options(p: argparse.ArgumentParser) -> None:
@@ -128,7 +132,11 @@ def _common_options(p: argparse.ArgumentParser) -> None:
     run.add_argument("--dry-run", dest="dry_run", action="store_true",
                      help="build the model, print its parameter counts per part and exit")
     run.add_argument("--alphabet-size", dest="alphabet_size", type=int, default=None,
-                     help=f"alphabet size for --dry-run without --data (default {DRY_RUN_ALPHABET})")
+                     help=f"character alphabet size for --dry-run without --data (default "
+                          f"{DRY_RUN_ALPHABET})")
+    run.add_argument("--vocab-size", dest="vocab_size", type=int, default=None,
+                     help=f"word vocabulary size for --dry-run of a word model without --data (default "
+                          f"{DRY_RUN_VOCABULARY})")
     run.add_argument("--image-dim", dest="image_dim", type=int, default=None,
                      help=f"image feature dimension for --dry-run without --features (default "
                           f"{DRY_RUN_IMAGE_DIM})")
@@ -162,7 +170,7 @@ def _command(family: str, args: argparse.Namespace) -> int:
                 setattr(args, key, getattr(stored, key))
     settings = stage_settings("train", args, family=family)
     run_training(settings, resume=args.resume, overwrite=args.overwrite, dry_run=args.dry_run,
-                 alphabet_size=args.alphabet_size, image_dim=args.image_dim)
+                 alphabet_size=args.alphabet_size, image_dim=args.image_dim, vocab_size=args.vocab_size)
     return 0
 
 
@@ -171,8 +179,8 @@ def _format_parameters(report: dict[str, int]) -> str:
     return f"parameters: {', '.join(parts)}; total {report['total']:,}"
 
 
-def _feature_dim(features: str) -> int:
-    """Width of the features a spec names, from the store's metadata (no rows read)."""
+def _feature_shape(features: str) -> tuple[int, ...]:
+    """Shape of one row of the features a spec names, from the store's metadata (no rows read)."""
     from features.store import FeatureStore, parse_spec
 
     path, key = parse_spec(feature_spec(features))
@@ -182,7 +190,7 @@ def _feature_dim(features: str) -> int:
     name = {"global": "global", "fne": "fne/ternary", "fne_raw": "fne/raw"}[key]
     if not store.has(name):
         raise UserError(f"{path}: no '{key}' features in this store")
-    return int(store.array(name).shape[1])
+    return tuple(int(v) for v in store.array(name).shape[1:])
 
 
 def _seed_everything(seed: int) -> None:
@@ -195,7 +203,7 @@ def _seed_everything(seed: int) -> None:
 
 def run_training(settings: TrainSection, resume: bool = False, overwrite: bool = False, dry_run: bool = False,
                  alphabet_size: int | None = None, image_dim: int | None = None,
-                 log: Callable[[str], None] = print) -> Path:
+                 vocab_size: int | None = None, log: Callable[[str], None] = print) -> Path:
     """Train (or with ``dry_run`` only build) the model ``settings`` describes; returns the run dir.
 
     ``resume`` continues ``settings.out`` from its newest checkpoint (a :class:`UserError` names
@@ -203,32 +211,40 @@ def run_training(settings: TrainSection, resume: bool = False, overwrite: bool =
     an ``out`` that already holds a run. After training, the best checkpoint is evaluated on the
     test split (``eval/test.json``) and the table is printed.
     """
-    from train.losses import contrastive_loss
-    from train.models.vse import build_model
-
     if settings.family not in FAMILY_OPTIONS:
         raise UserError(f"family '{settings.family}' cannot be trained yet (available: "
                         f"{', '.join(FAMILY_OPTIONS)})")
     settings = absolute_settings(settings)
     run_dir = Path(settings.out)
     if dry_run:
-        _dry_run(settings, alphabet_size, image_dim, log)
+        _dry_run(settings, alphabet_size, image_dim, vocab_size, log)
         return run_dir
     if not settings.data:
         raise UserError("--data is required (give it or use --pipeline)")
     if not settings.features:
         raise UserError("--features is required (give it or use --pipeline)")
-    feature_spec(settings.features)
+    spec = model_spec(settings)
+    feature_spec(settings.features, regions=spec.image_encoder != "linear")
+    with exclusive_lock(run_dir, "the run directory"):
+        _train(settings, spec, run_dir, resume, overwrite, log)
+    return run_dir
+
+
+def _train(settings: TrainSection, spec: ModelSpec, run_dir: Path, resume: bool, overwrite: bool,
+           log: Callable[[str], None]) -> None:
+    """:func:`run_training` once the run directory is locked."""
+    from train.models.vse import build_model
+    from train.objectives import build_objective
+
     prepare_run_dir(run_dir, resume=resume, overwrite=overwrite)
     remove_stale_temporaries(run_dir / "checkpoints")
     device = resolve_device(settings.device)
-    train_set, val_set, config = _load_data(settings)
+    train_set, val_set, config = _load_data(settings, spec)
     _seed_everything(settings.seed)
-    model = build_model(settings, config["alphabet_size"], config["image_dim"])
+    model = build_model(settings, config["vocab_size"], config["feature_shape"], spec)
     config["parameters"] = model.parameter_report()
-    loss_fn = functools.partial(contrastive_loss, measure=settings.measure, margin=settings.margin,
-                                reduction=settings.loss, order_sqrt=settings.order_sqrt)
-    trainer = Trainer(settings, model, loss_fn, train_set, val_set, run_dir, device, log=log)
+    objective = build_objective(settings)
+    trainer = Trainer(settings, model, objective, train_set, val_set, run_dir, device, log=log)
     if resume:
         check_same_config(run_dir, config)
         _continue(trainer, settings, log)
@@ -245,30 +261,36 @@ def run_training(settings: TrainSection, resume: bool = False, overwrite: bool =
     log(f"training done in {time.perf_counter() - t0:.0f}s: best val rsum {trainer.best_rsum:.2f} "
         f"after {trainer.epoch} epochs; run directory {run_dir}")
     evaluate_test(run_dir, settings, device, log)
-    return run_dir
 
 
 def _dry_run(settings: TrainSection, alphabet_size: int | None, image_dim: int | None,
-             log: Callable[[str], None]) -> None:
+             vocab_size: int | None, log: Callable[[str], None]) -> None:
     """Build the model and print its parameter counts per part; sizes from the data when given."""
     from train.models.vse import build_model
 
-    alphabet = (len(load_vocabulary(Path(settings.data) / CHARS_FILE)) if settings.data
-                else alphabet_size or DRY_RUN_ALPHABET)
-    dim = _feature_dim(settings.features) if settings.features else image_dim or DRY_RUN_IMAGE_DIM
-    model = build_model(settings, alphabet, dim)
-    log(f"{settings.family}: alphabet {alphabet}, image features {dim}, d {settings.d}")
+    spec = model_spec(settings)
+    if settings.data:
+        vocab = codec_for(settings, PreparedDataset.load(settings.data), spec.text_input).vocab_size
+    elif spec.text_input == "words":
+        vocab = vocab_size or DRY_RUN_VOCABULARY
+    else:
+        vocab = alphabet_size or DRY_RUN_ALPHABET
+    shape = _feature_shape(settings.features) if settings.features else (image_dim or DRY_RUN_IMAGE_DIM,)
+    model = build_model(settings, vocab, shape, spec)
+    what = "word vocabulary" if spec.text_input == "words" else "alphabet"
+    log(f"{settings.family}: {what} {vocab}, image features {' x '.join(map(str, shape))}, d {settings.d}")
     for part, count in model.parameter_report().items():
         log(f"  {part.replace('_', ' '):<16} {count:>12,}")
 
 
-def _load_data(settings: TrainSection) -> tuple[CaptionSet, CaptionSet, dict[str, Any]]:
+def _load_data(settings: TrainSection, spec: ModelSpec) -> tuple[CaptionSet, CaptionSet, dict[str, Any]]:
     """The train and val caption sets, and the run's ``config.json`` content describing them."""
     dataset = PreparedDataset.load(settings.data)
+    codec = codec_for(settings, dataset, spec.text_input)
     x, valid = read_features(settings.features)
-    train_set = load_caption_set(dataset, x, valid, "train", settings.lang, settings.max_chars)
+    train_set = load_caption_set(dataset, x, valid, "train", settings.lang, settings.max_chars, codec=codec)
     val_set = load_caption_set(dataset, x, valid, "val", settings.lang, settings.max_chars,
-                               max_images=settings.val_images)
+                               max_images=settings.val_images, codec=codec)
     try:  # too few val images for the protocol: say so now, not after the first epoch
         protocol_folds(settings.val_protocol, val_set.num_images)
     except UserError:
@@ -277,8 +299,9 @@ def _load_data(settings: TrainSection) -> tuple[CaptionSet, CaptionSet, dict[str
     config: dict[str, Any] = {
         "family": settings.family,
         "settings": settings.model_dump(),
-        "alphabet_size": len(dataset.chars),
-        "image_dim": int(x.shape[1]),
+        "text_input": spec.text_input,
+        "vocab_size": codec.vocab_size,
+        "feature_shape": [int(v) for v in x.shape[1:]],
         "fingerprints": {**dataset_fingerprint(settings.data),
                          "features": features_fingerprint(x, valid)},
         "data": {split: {"images": cs.num_images, "captions": len(cs), "skipped_images": cs.skipped_images}

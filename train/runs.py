@@ -31,7 +31,8 @@ from prep.errors import UserError
 from prep.io import sha256_file, write_json_atomic
 from prep.pipelines import TrainSection
 from train.checkpoint import load_checkpoint
-from train.data import CaptionSet, encode_text, load_caption_set, read_features
+from train.data import CaptionSet, TextCodec, codec_for, load_caption_set, read_features
+from train.models.registry import model_spec
 from train.trainer import LAST, METRICS, embed_caption_set, embed_codes, resolve_device
 
 CONFIG = "config.json"
@@ -103,11 +104,18 @@ def settings_from_config(values: dict[str, Any]) -> TrainSection:
 def comparable(config: dict[str, Any]) -> dict[str, Any]:
     """The parts of a run's config that must not change on ``--resume``, flattened to dotted keys."""
     out = {f"settings.{k}": v for k, v in config["settings"].items() if k not in RESUMABLE_CHANGES}
-    for key in ("alphabet_size", "image_dim"):
-        out[key] = config.get(key)
+    out["vocab_size"], out["feature_shape"] = model_sizes(config)
     for key, value in (config.get("fingerprints") or {}).items():
         out[f"fingerprints.{key}"] = value
     return out
+
+
+def model_sizes(config: dict[str, Any]) -> tuple[int, list[int]]:
+    """``(vocab_size, feature_shape)`` of a run's config (runs before word and region models wrote
+    ``alphabet_size`` and ``image_dim``)."""
+    vocab = config.get("vocab_size", config.get("alphabet_size"))
+    shape = config.get("feature_shape") or [config.get("image_dim")]
+    return int(vocab), [int(v) for v in shape]
 
 
 def check_same_config(run_dir: Path, new: dict[str, Any]) -> None:
@@ -188,10 +196,16 @@ class LoadedRun:
             self._features = read_features(self.settings.features)
         return self._features
 
+    @property
+    def codec(self) -> TextCodec:
+        """How the run's text encoder reads captions (its family's text input and the run's limits)."""
+        return codec_for(self.settings, self.dataset, model_spec(self.settings).text_input)
+
     def caption_set(self, split: str) -> CaptionSet:
         """The whole ``split`` in the run's language (all its images, not the val subset)."""
         x, valid = self.features
-        return load_caption_set(self.dataset, x, valid, split, self.settings.lang, self.settings.max_chars)
+        return load_caption_set(self.dataset, x, valid, split, self.settings.lang, self.settings.max_chars,
+                                codec=self.codec)
 
 
 def load_run(run_dir: str | os.PathLike, checkpoint: str = "best", device: str = "auto") -> LoadedRun:
@@ -205,7 +219,8 @@ def load_run(run_dir: str | os.PathLike, checkpoint: str = "best", device: str =
     settings = settings_from_config(config["settings"])
     dev = resolve_device(device)
     state = load_checkpoint(run_dir / "checkpoints" / f"{checkpoint}.pt", map_location="cpu")
-    model = build_model(settings, int(config["alphabet_size"]), int(config["image_dim"]))
+    vocab_size, feature_shape = model_sizes(config)
+    model = build_model(settings, vocab_size, feature_shape)
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as exc:
@@ -240,11 +255,13 @@ def embed_split(run: LoadedRun, split: str, texts: list[str] | None = None) -> E
 def _no_captions(cs: CaptionSet) -> CaptionSet:
     return CaptionSet(split=cs.split, lang=cs.lang, images=cs.images, imgids=cs.imgids, codes=cs.codes[:0],
                       offsets=cs.offsets[:1], caption_image=cs.caption_image[:0], texts=[],
-                      skipped_images=cs.skipped_images)
+                      skipped_images=cs.skipped_images, codec=cs.codec)
 
 
 def encode_texts(run: LoadedRun, texts: list[str]) -> torch.Tensor:
-    """Embed arbitrary texts with the run's text encoder: (M, d) float32 on the CPU."""
-    vocab = run.dataset.chars
-    codes = [encode_text(t, vocab, run.settings.max_chars) for t in texts]
-    return embed_codes(run.model, codes, run.device, amp=run.settings.amp)
+    """Embed arbitrary texts with the run's text encoder: (M, d) float32 on the CPU.
+
+    Texts are encoded as the run's captions were (characters, or words tokenized as ``prep`` does).
+    """
+    codec = run.codec
+    return embed_codes(run.model, codec.encode_texts(texts), codec, run.device, amp=run.settings.amp)

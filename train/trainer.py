@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,8 @@ from tqdm import tqdm
 from prep.io import write_json_atomic
 from prep.pipelines import TrainSection
 from train.checkpoint import restore_rng_states, rng_states, save_checkpoint
-from train.data import CaptionSet, batch_loader, epoch_batches, pad_codes
+from train.data import CaptionSet, ImageRows, TextCodec, batch_loader, epoch_batches
+from train.objectives import Objective
 
 BEST = "best.pt"
 LAST = "last.pt"
@@ -57,24 +58,31 @@ def autocast(device: torch.device, amp: bool) -> Any:
     return nullcontext()
 
 
+def batch_to(batch: Any, device: torch.device) -> Any:
+    """A batch (a NamedTuple of tensors and other values) with its tensors moved to ``device``."""
+    moved = (x.to(device, non_blocking=True) if isinstance(x, torch.Tensor) else x for x in batch)
+    return type(batch)(*moved)
+
+
 @torch.no_grad()
-def embed_images(model: torch.nn.Module, features: torch.Tensor, device: torch.device, batch_size: int = 1024,
-                 amp: bool = False) -> torch.Tensor:
-    """Image features (N, C) -> embeddings (N, d) float32 on the CPU, in blocks of ``batch_size``."""
+def embed_images(model: torch.nn.Module, features: torch.Tensor | ImageRows, device: torch.device,
+                 batch_size: int = 1024, amp: bool = False) -> torch.Tensor:
+    """Image features (N, *feature_shape) -> embeddings (N, d) float32 on the CPU, in blocks."""
     was_training = model.training
     model.eval()
     out = []
     for start in range(0, features.shape[0], batch_size):
+        rows = features[start:start + batch_size].float()
         with autocast(device, amp):
-            out.append(model.encode_images(features[start:start + batch_size].to(device)).float().cpu())
+            out.append(model.encode_images(rows.to(device)).float().cpu())
     model.train(was_training)
     return torch.cat(out) if out else torch.zeros(0, 0)
 
 
 @torch.no_grad()
-def embed_codes(model: torch.nn.Module, codes: list[np.ndarray] | list[list[int]], device: torch.device,
+def embed_codes(model: torch.nn.Module, codes: Sequence[np.ndarray], codec: TextCodec, device: torch.device,
                 batch_size: int = 256, amp: bool = False) -> torch.Tensor:
-    """Character-index captions -> embeddings (M, d) float32 on the CPU.
+    """Encoded captions (``codec``'s codes) -> embeddings (M, d) float32 on the CPU.
 
     Captions are embedded in order of length so each block pads little; the result is in the
     order given.
@@ -84,9 +92,9 @@ def embed_codes(model: torch.nn.Module, codes: list[np.ndarray] | list[list[int]
     order = np.argsort([len(c) for c in codes], kind="stable")
     out: list[torch.Tensor] = []
     for start in range(0, len(order), batch_size):
-        chars, lengths = pad_codes([codes[int(k)] for k in order[start:start + batch_size]])
+        tokens, lengths = codec.collate([codes[int(k)] for k in order[start:start + batch_size]])
         with autocast(device, amp):
-            out.append(model.encode_captions(chars.to(device), lengths.to(device)).float().cpu())
+            out.append(model.encode_captions(tokens.to(device), lengths.to(device)).float().cpu())
     model.train(was_training)
     if not out:
         return torch.zeros(0, 0)
@@ -101,7 +109,7 @@ def embed_caption_set(model: torch.nn.Module, captions: CaptionSet, device: torc
     """Embed a split: ``(images (N, d), captions (M, d))``, float32 on the CPU."""
     codes = [captions.caption_codes(k) for k in range(len(captions))]
     return (embed_images(model, captions.images, device, amp=amp),
-            embed_codes(model, codes, device, batch_size, amp))
+            embed_codes(model, codes, captions.codec, device, batch_size, amp))
 
 
 def retrieval_metrics(images: torch.Tensor, captions: torch.Tensor, caption_image: np.ndarray | torch.Tensor,
@@ -131,25 +139,27 @@ def _jsonable(obj: Any) -> Any:
 class Trainer:
     """Trains ``model`` on ``train_set``, validating on ``val_set`` each epoch, in ``run_dir``.
 
-    ``loss_fn(images (B, d), captions (B, d)) -> scalar`` is the family's loss; the trainer
-    knows nothing else about the family.
+    ``objective(model, batch, step, autocast) -> scalar`` is the family's loss
+    (:mod:`train.objectives`); the trainer knows nothing else about the family.
     """
 
-    def __init__(self, settings: TrainSection, model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor],
+    def __init__(self, settings: TrainSection, model: torch.nn.Module, objective: Objective,
                  train_set: CaptionSet, val_set: CaptionSet, run_dir: Path, device: torch.device,
                  log: Callable[[str], None] = print) -> None:
         self.settings = settings
         self.model = model.to(device)
-        self.loss_fn = loss_fn
+        self.objective = objective
         self.train_set = train_set
         self.val_set = val_set
         self.run_dir = Path(run_dir)
         self.device = device
         self.log = log
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=settings.lr)
-        # threshold 0: the scheduler and early stopping agree on what "improved" means (strictly higher)
+        # threshold 0: the scheduler and early stopping agree on what "improved" means (strictly higher).
+        # ReduceLROnPlateau decays once more than `patience` epochs went by without improvement; the
+        # option means "after this many", hence the - 1
         self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
-            self.optimizer, mode="max", factor=0.1, patience=settings.lr_decay_patience, threshold=0.0)
+            self.optimizer, mode="max", factor=0.1, patience=settings.lr_decay_patience - 1, threshold=0.0)
         self.shuffle = torch.Generator().manual_seed(settings.seed)
         # position of the run; everything here goes into every checkpoint
         self.epoch = 0  # epochs completed
@@ -174,6 +184,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
+            "objective": self.objective.state_dict(),
             "epoch": self.epoch,
             "position": self.position,
             "global_step": self.global_step,
@@ -192,6 +203,7 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        self.objective.load_state_dict(state.get("objective", {}))
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
         self.global_step = int(state["global_step"])
@@ -254,7 +266,7 @@ class Trainer:
             tick = now
             self.running["loss_sum"] += loss
             self.running["batches"] += 1
-            self.running["captions"] += int(batch.chars.shape[0])
+            self.running["captions"] += int(batch.lengths.shape[0])
             self.position += 1
             self.global_step += 1
             rate = self.running["captions"] / max(self.running["train_time"], 1e-9)
@@ -267,13 +279,8 @@ class Trainer:
 
     def _step(self, batch: Any) -> float:
         s = self.settings
-        images = batch.image_features.to(self.device, non_blocking=True)
-        chars = batch.chars.to(self.device, non_blocking=True)
-        lengths = batch.lengths.to(self.device, non_blocking=True)
-        with autocast(self.device, s.amp):
-            im = self.model.encode_images(images)
-            cap = self.model.encode_captions(chars, lengths)
-        loss = self.loss_fn(im.float(), cap.float())
+        batch = batch_to(batch, self.device)
+        loss = self.objective(self.model, batch, self.global_step, lambda: autocast(self.device, s.amp))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if s.grad_clip is not None and s.grad_clip > 0:

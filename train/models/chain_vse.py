@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from train.models.maxout import CharMaxoutConv, MaxoutConv1d, length_mask, max_over_time
-from train.models.registry import TextEncoder, register_family, register_text_encoder
+from train.models.registry import ModelSpec, TextEncoder, register_family, register_text_encoder
 
 #: first inception module: (filter length, filters) of the maxout convolutions on the characters
 FIRST_MODULE: tuple[tuple[int, int], ...] = ((7, 32), (5, 32), (3, 32))
@@ -161,5 +161,6 @@ def chain_v2(alphabet_size: int, p: float = 1.0) -> ChainVSE:
 
 
 @register_family("chain")
-def _chain_family(settings) -> tuple[str, dict]:
-    return f"chain_{settings.version}", {"p": settings.p}
+def _chain_family(settings) -> ModelSpec:
+    """CHAIN-VSE: characters in, ``|W_t g(T)|`` and ``|W_i C(I)|`` (Eq. 1), order embeddings."""
+    return ModelSpec(f"chain_{settings.version}", {"p": settings.p}, text_input="chars")

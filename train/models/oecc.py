@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from train.models.maxout import CharMaxoutConv, MaxoutConv1d, length_mask, max_over_time
-from train.models.registry import TextEncoder, register_family, register_text_encoder
+from train.models.registry import ModelSpec, TextEncoder, register_family, register_text_encoder
 
 #: table 1: (filters, filter length) of each MaxConv layer
 ARCHITECTURES: dict[str, tuple[tuple[int, int], ...]] = {
@@ -95,5 +95,6 @@ def oecc_d(alphabet_size: int) -> ConvolutionsThroughTime:
 
 
 @register_family("oecc")
-def _oecc_family(settings) -> tuple[str, dict]:
-    return f"oecc_{settings.arch.lower()}", {}
+def _oecc_family(settings) -> ModelSpec:
+    """OECC: characters in, ``|W_t CTT(T)|`` and ``|W_i C(I)|`` (Eq. 3), order embeddings."""
+    return ModelSpec(f"oecc_{settings.arch.lower()}", text_input="chars")

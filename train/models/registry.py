@@ -1,42 +1,84 @@
-"""Registry of text encoders, in the manner of timm's ``create_model``.
+"""Registries of text and image encoders and of model families, in the manner of timm's ``create_model``.
 
-Every model file registers its variants with ``@register_text_encoder``; the trainer only ever calls
-``create_text_encoder(name, alphabet_size, **kw)``, so a new family (SEAM, UVS, CLMR, LIWE) plugs in
-by adding a file that registers its encoders and a family rule (``register_family``), without
-touching the trainer.
+Every model file registers its variants with ``@register_text_encoder`` / ``@register_image_encoder``
+and its family rule with ``@register_family``; the trainer only ever calls :func:`model_spec` and
+the ``create_*`` functions, so a new family plugs in by adding a file, without touching the trainer.
 
-A text encoder is an ``nn.Module`` with ``forward(chars (B, T) long, lengths (B,) long) ->
-(B, output_dim)``, an ``output_dim`` attribute and ``num_parameters()``.
+* A text encoder is an ``nn.Module`` with ``forward(tokens, lengths) -> (B, output_dim)``, an
+  ``output_dim`` attribute and ``num_parameters()``. What ``tokens`` holds is the family's
+  :attr:`ModelSpec.text_input` (see :data:`TEXT_INPUTS`). An encoder with a training regulariser
+  (SEAM's attention penalty) sets ``self.penalty`` during ``forward``; the trainer adds it to the loss.
+* An image encoder is an ``nn.Module`` with ``forward(features (B, *feature_shape)) -> (B, d)``
+  (not normalised: the joint model applies ``|.|`` and the L2 normalisation).
+* A family rule maps the train settings to a :class:`ModelSpec`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-#: name -> constructor ``(alphabet_size, **kw) -> TextEncoder``
+#: what a text encoder reads: ``chars`` (B, T) character indices; ``words`` (B, T) word indices of
+#: the train-split ``words.json``; ``word_chars`` (B, T, C) each word spelled as C character
+#: indices (zero-padded). ``lengths`` (B,) counts characters or words. Index 0 is always padding.
+TEXT_INPUTS = ("chars", "words", "word_chars")
+
+#: name -> constructor ``(vocab_size, **kw) -> TextEncoder``
 _TEXT_ENCODERS: dict[str, Callable[..., TextEncoder]] = {}
-#: family -> rule ``(settings) -> (encoder name, constructor keywords)``
-_FAMILIES: dict[str, Callable[[Any], tuple[str, dict[str, Any]]]] = {}
+#: name -> constructor ``(feature_shape, d, **kw) -> nn.Module``
+_IMAGE_ENCODERS: dict[str, Callable[..., nn.Module]] = {}
+#: family -> rule ``(settings) -> ModelSpec``
+_FAMILIES: dict[str, Callable[[Any], ModelSpec]] = {}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a family builds: its encoders, what the text encoder reads, and the joint-space maps.
+
+    Attributes:
+        text_encoder, text_kwargs: registered text encoder and its constructor keywords.
+        text_input: one of :data:`TEXT_INPUTS`.
+        image_encoder, image_kwargs: registered image encoder (``linear``: ``W_i x``, no bias).
+        text_projection: a ``W_t`` after the text encoder (``False`` when it already outputs ``d``).
+        text_projection_bias: whether that ``W_t`` has a bias (SEAM's linear layer does).
+        absolute: ``|.|`` on both sides before the L2 normalisation (order embeddings need it).
+    """
+
+    text_encoder: str
+    text_kwargs: dict[str, Any] = field(default_factory=dict)
+    text_input: str = "chars"
+    image_encoder: str = "linear"
+    image_kwargs: dict[str, Any] = field(default_factory=dict)
+    text_projection: bool = True
+    text_projection_bias: bool = False
+    absolute: bool = True
+
+    def __post_init__(self) -> None:
+        if self.text_input not in TEXT_INPUTS:
+            raise ValueError(f"unknown text input {self.text_input!r} (expected one of {TEXT_INPUTS})")
 
 
 class TextEncoder(nn.Module):
     """Base class of registered text encoders.
 
-    Subclasses set ``output_dim`` and implement ``forward(chars (B, T) long, lengths (B,) long) ->
-    (B, output_dim)``, masking padding explicitly (index 0 is ``<pad>``, 1 is ``<unk>``).
+    Subclasses set ``output_dim`` and implement ``forward(tokens, lengths (B,) long) ->
+    (B, output_dim)``, masking padding explicitly (index 0 is ``<pad>``, 1 is ``<unk>``). ``tokens``
+    is (B, T) long for ``chars``/``words`` input, (B, T, C) long for ``word_chars``.
     """
 
     output_dim: int
+    #: a regulariser of the last ``forward`` (scalar tensor, coefficient applied), or ``None``
+    penalty: torch.Tensor | None = None
 
     def num_parameters(self) -> int:
         """Number of trainable parameters."""
         return count_parameters(self)
 
-    def forward(self, chars: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:  # pragma: no cover
+    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:  # pragma: no cover
         raise NotImplementedError
 
 
@@ -64,13 +106,52 @@ def register_text_encoder(name: str | Callable[..., TextEncoder] | None = None):
     return lambda fn: add(fn, name)
 
 
-def create_text_encoder(name: str, alphabet_size: int, **kwargs: Any) -> TextEncoder:
-    """Build the registered text encoder ``name`` over an alphabet (or vocabulary) of ``alphabet_size``."""
+def create_text_encoder(name: str, vocab_size: int, **kwargs: Any) -> TextEncoder:
+    """Build the registered text encoder ``name`` over an alphabet or word vocabulary of ``vocab_size``."""
     _load_builtin_models()
     if name not in _TEXT_ENCODERS:
         known = ", ".join(list_text_encoders())
         raise KeyError(f"unknown text encoder {name!r} (registered: {known})")
-    return _TEXT_ENCODERS[name](alphabet_size, **kwargs)
+    return _TEXT_ENCODERS[name](vocab_size, **kwargs)
+
+
+def register_image_encoder(name: str):
+    """Decorator registering an image-encoder constructor ``(feature_shape, d, **kw)`` under ``name``."""
+
+    def add(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        if name in _IMAGE_ENCODERS and _IMAGE_ENCODERS[name] is not fn:
+            raise ValueError(f"image encoder {name!r} is already registered")
+        _IMAGE_ENCODERS[name] = fn
+        return fn
+
+    return add
+
+
+def create_image_encoder(name: str, feature_shape: tuple[int, ...], d: int, **kwargs: Any) -> nn.Module:
+    """Build the registered image encoder ``name`` for rows of ``feature_shape`` into ``d`` dimensions."""
+    _load_builtin_models()
+    if name not in _IMAGE_ENCODERS:
+        raise KeyError(f"unknown image encoder {name!r} (registered: {', '.join(sorted(_IMAGE_ENCODERS))})")
+    return _IMAGE_ENCODERS[name](tuple(int(s) for s in feature_shape), d, **kwargs)
+
+
+class LinearImageEncoder(nn.Module):
+    """``W_i x`` without bias (CHAIN-VSE Eq. 1, OECC Eq. 3, FNE, SEAM): ``(B, C) -> (B, d)``, Xavier init."""
+
+    def __init__(self, feature_shape: tuple[int, ...], d: int) -> None:
+        super().__init__()
+        if len(feature_shape) != 1:
+            raise ValueError(f"the linear image encoder takes one vector per image, not rows of shape "
+                             f"{feature_shape} (region features need a region encoder)")
+        self.projection = nn.Linear(feature_shape[0], d, bias=False)
+        nn.init.xavier_uniform_(self.projection.weight)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """``features (B, C) float -> (B, d)``."""
+        return self.projection(features)
+
+
+register_image_encoder("linear")(LinearImageEncoder)
 
 
 def list_text_encoders() -> list[str]:
@@ -80,25 +161,28 @@ def list_text_encoders() -> list[str]:
 
 
 def register_family(family: str):
-    """Decorator registering how ``train <family>`` picks its encoder from the train settings.
+    """Decorator registering how ``train <family>`` builds its model: a rule ``(settings) -> ModelSpec``."""
 
-    The rule maps a ``TrainSection`` to ``(encoder name, constructor keywords)``.
-    """
-
-    def add(rule: Callable[[Any], tuple[str, dict[str, Any]]]):
+    def add(rule: Callable[[Any], ModelSpec]):
         _FAMILIES[family] = rule
         return rule
 
     return add
 
 
-def encoder_for(settings: Any) -> tuple[str, dict[str, Any]]:
-    """``(encoder name, keywords)`` for ``settings.family`` (a ``TrainSection``)."""
+def model_spec(settings: Any) -> ModelSpec:
+    """The :class:`ModelSpec` of ``settings.family`` (a ``TrainSection``)."""
     _load_builtin_models()
     if settings.family not in _FAMILIES:
         known = ", ".join(sorted(_FAMILIES))
-        raise KeyError(f"no text encoder is registered for family {settings.family!r} (available: {known})")
+        raise KeyError(f"no model is registered for family {settings.family!r} (available: {known})")
     return _FAMILIES[settings.family](settings)
+
+
+def registered_families() -> list[str]:
+    """Families with a registered rule, sorted."""
+    _load_builtin_models()
+    return sorted(_FAMILIES)
 
 
 def _load_builtin_models() -> None:
