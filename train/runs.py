@@ -177,6 +177,7 @@ class LoadedRun:
     epoch: int
     _dataset: PreparedDataset | None = field(default=None, repr=False)
     _features: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+    _featurizer: Any = field(default=None, repr=False)
 
     @property
     def dataset(self) -> PreparedDataset:
@@ -200,6 +201,32 @@ class LoadedRun:
     def codec(self) -> TextCodec:
         """How the run's text encoder reads captions (its family's text input and the run's limits)."""
         return codec_for(self.settings, self.dataset, model_spec(self.settings).text_input)
+
+    def encode_text(self, texts: list[str]) -> torch.Tensor:
+        """Caption embeddings (M, d) of arbitrary texts (see :func:`encode_texts`)."""
+        return encode_texts(self, list(texts))
+
+    def encode_images(self, paths: list[str | os.PathLike]) -> torch.Tensor:
+        """Image embeddings (N, d) of image files, featurized exactly as the run's feature store.
+
+        An image that cannot be read is a :class:`UserError` naming it.
+        """
+        from features.featurize import StoreFeaturizer
+        from train.trainer import embed_images
+
+        if self._featurizer is None:
+            self._featurizer = StoreFeaturizer(self.settings.features, str(self.device))
+        rows, failures = self._featurizer(list(paths))
+        if failures:
+            raise UserError(f"{failures[0]['path']}: cannot use this image: {failures[0]['reason']}")
+        return embed_images(self.model, torch.from_numpy(rows), self.device, amp=self.settings.amp)
+
+    def search(self, text: str | list[str] | None = None, image: str | list[str] | None = None, top: int = 5,
+               split: str | None = "test") -> list:
+        """Ranked images for text queries or captions for image queries (:func:`train.query.search`)."""
+        from train.query import search
+
+        return search(self, text=text, image=image, top=top, split=split)
 
     def caption_set(self, split: str) -> CaptionSet:
         """The whole ``split`` in the run's language (all its images, not the val subset)."""

@@ -1,0 +1,77 @@
+"""The query API and ``train query``: a tiny real pipeline (synthetic images, random EfficientNet-Lite0)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from train.cli import main as train_main
+from train.runs import embed_split, load_run
+
+PIPELINE = """
+pipelines:
+  tiny:
+    description: tiny
+    prep: {{dataset: synthetic, out: data, num_images: 48, image_size: 64, languages: [en], seed: 2}}
+    features:
+      {{kind: {kind}, cnn: efficientnet_lite0, weights: none, crops: 1, resize: 96, input_size: 96,
+        batch_size: 8, block_size: 16, out: feats.zarr}}
+    train: {{family: chain, p: 0.125, d: 16, epochs: 1, batch_size: 16, max_chars: 60, out: run,
+             device: cpu}}
+"""
+
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module", params=["cnn", "fne"])
+def run_dir(request, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp(f"query-{request.param}")
+    (root / "p.yaml").write_text(PIPELINE.format(kind=request.param))
+    assert train_main(["pipeline", "tiny", "--pipelines", str(root / "p.yaml"), "--until", "train"]) == 0
+    return root / "run"
+
+
+def test_image_queries_are_featurized_exactly_like_the_store(run_dir: Path) -> None:
+    run = load_run(run_dir, device="cpu")
+    emb = embed_split(run, "test")
+    paths = [str(run.dataset.images[i].path) for i in emb.imgids[:3]]
+    again = run.encode_images(paths)
+    torch.testing.assert_close(again, emb.images[:3], rtol=0, atol=1e-6)
+
+
+def test_search_ranks_the_split_by_the_runs_similarity(run_dir: Path) -> None:
+    run = load_run(run_dir, device="cpu")
+    emb = embed_split(run, "test")
+    text = emb.texts[0]
+    [hits] = run.search(text=text, top=4)
+    assert [h.rank for h in hits] == [1, 2, 3, 4]
+    scores = [h.score for h in hits]
+    assert scores == sorted(scores, reverse=True)
+    assert {h.imgid for h in hits} <= set(emb.imgids.tolist())
+    # the scores are the run's similarity between the text and those images
+    from train.similarity import similarity
+
+    q = run.encode_text([text])
+    full = similarity(emb.images, q, run.settings.measure)[:, 0]
+    best = torch.sort(full, descending=True, stable=True)
+    assert [int(emb.imgids[i]) for i in best.indices[:4]] == [h.imgid for h in hits]
+    np.testing.assert_allclose(scores, best.values[:4].numpy(), rtol=1e-6)
+    [caps] = run.search(image=str(run.dataset.images[int(emb.imgids[1])].path), top=3, split=None)
+    assert len(caps) == 3 and all(c.text for c in caps)
+
+
+def test_train_query_command(run_dir: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "hits.json"
+    assert train_main(["query", "--run", str(run_dir), "--text", "a red circle", "--text", "a blue square",
+                       "--top", "2", "--device", "cpu", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("query: ") == 2
+    data = json.loads(out.read_text())
+    assert [len(q["hits"]) for q in data] == [2, 2] and data[0]["query"] == "a red circle"
+    assert train_main(["query", "--run", str(run_dir), "--device", "cpu"]) == 2
+    assert "--text" in capsys.readouterr().err

@@ -1,0 +1,170 @@
+"""Querying a trained run: text -> images and image -> captions, from Python or ``train query``.
+
+Python::
+
+    from train.runs import load_run
+    run = load_run("runs/coco-sample-chain")
+    run.encode_text(["a dog on a beach"])            # (1, d) caption embeddings
+    run.encode_images(["photo.jpg"])                 # (1, d) image embeddings (same extractor as the store)
+    hits = run.search(text="a dog on a beach", top=5)[0]   # the split's images, best first
+    hits = run.search(image="photo.jpg", top=5)[0]         # the split's captions, best first
+
+Candidates are the images (or captions) of one split of the run's prepared dataset (``split=None``:
+every image with valid features, every caption of the run's language). Scores are the run's own
+similarity (cosine or order violation); equal scores are ordered by candidate index, so results
+are deterministic. The candidates' embeddings are computed once per run object and split.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from prep.errors import UserError
+from prep.io import write_json_atomic
+from train.similarity import similarity
+
+if TYPE_CHECKING:
+    from train.runs import LoadedRun
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One retrieved candidate: its 1-based rank, score, and what it is."""
+
+    rank: int
+    score: float
+    imgid: int  # prepared imgid of the image (image hits) or of the caption's image (caption hits)
+    path: str | None = None  # image hits: the image file
+    text: str | None = None  # caption hits: the caption
+
+
+@dataclass
+class Candidates:
+    """Embedded candidates of one split: images (N, d) with their imgids and paths, captions (M, d)."""
+
+    images: torch.Tensor
+    imgids: np.ndarray
+    paths: list[str]
+    captions: torch.Tensor
+    caption_imgids: np.ndarray
+    texts: list[str]
+
+
+def candidates(run: LoadedRun, split: str | None = "test") -> Candidates:
+    """Embed (once per run and split) the images and captions that queries are ranked against."""
+    from train.runs import embed_split
+
+    cache = run.__dict__.setdefault("_candidates", {})
+    if split in cache:
+        return cache[split]
+    splits = [split] if split is not None else [s for s in ("train", "val", "test")
+                                                 if run.dataset.images_of(s)]
+    parts = [embed_split(run, s) for s in splits]
+    paths = [str(im.path) for im in run.dataset.images]
+    imgids = np.concatenate([p.imgids for p in parts])
+    cache[split] = Candidates(
+        images=torch.cat([p.images for p in parts]), imgids=imgids, paths=[paths[i] for i in imgids],
+        captions=torch.cat([p.captions for p in parts]),
+        caption_imgids=np.concatenate([p.imgids[p.caption_image.numpy()] for p in parts]),
+        texts=[t for p in parts for t in p.texts])
+    return cache[split]
+
+
+def _top(scores: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of ``scores (Q, K)``: the ``top`` best ``(values, indices)``, ties by lower index."""
+    values, indices = torch.sort(scores, dim=1, descending=True, stable=True)
+    return values[:, :top], indices[:, :top]
+
+
+def search(run: LoadedRun, text: str | Sequence[str] | None = None,
+           image: str | Path | Sequence[str | Path] | None = None, top: int = 5,
+           split: str | None = "test") -> list[list[Hit]]:
+    """The ``top`` images for each text query, or the ``top`` captions for each image query.
+
+    Args:
+        run: a loaded run (:func:`train.runs.load_run`).
+        text: one query text or a list (text -> image retrieval).
+        image: one image path or a list (image -> text retrieval); give ``text`` or ``image``.
+        top: hits per query.
+        split: the split whose images / captions are the candidates (``None``: all).
+
+    Returns:
+        One list of :class:`Hit` per query, best first.
+    """
+    if (text is None) == (image is None):
+        raise UserError("give either text queries or image queries")
+    if top < 1:
+        raise UserError(f"--top must be at least 1, got {top}")
+    cands = candidates(run, split)
+    measure, sqrt = run.settings.measure, bool(run.settings.order_sqrt)
+    if text is not None:
+        queries = [text] if isinstance(text, str) else list(text)
+        q = run.encode_text(queries)
+        scores = similarity(cands.images, q, measure, sqrt).t()  # (Q, N): images below captions
+        values, indices = _top(scores, top)
+        return [[Hit(r + 1, float(v), int(cands.imgids[i]), path=cands.paths[i])
+                 for r, (v, i) in enumerate(zip(vs.tolist(), ix.tolist(), strict=True))]
+                for vs, ix in zip(values, indices, strict=True)]
+    paths = [image] if isinstance(image, str | Path) else list(image)
+    q = run.encode_images(paths)
+    scores = similarity(q, cands.captions, measure, sqrt)  # (Q, M)
+    values, indices = _top(scores, top)
+    return [[Hit(r + 1, float(v), int(cands.caption_imgids[i]), text=cands.texts[i])
+             for r, (v, i) in enumerate(zip(vs.tolist(), ix.tolist(), strict=True))]
+            for vs, ix in zip(values, indices, strict=True)]
+
+
+def format_hits(query: str, hits: Sequence[Hit]) -> str:
+    """A small table of one query's hits."""
+    lines = [f"query: {query}"]
+    for h in hits:
+        what = h.path if h.path is not None else h.text
+        lines.append(f"  {h.rank:>3}  {h.score:>9.4f}  imgid {h.imgid:<7} {what}")
+    return "\n".join(lines)
+
+
+def _command(args: argparse.Namespace) -> int:
+    from train.runs import load_run
+
+    if not args.text and not args.image:
+        raise UserError("give --text TEXT or --image PATH (repeatable)")
+    if args.text and args.image:
+        raise UserError("give --text or --image, not both")
+    run = load_run(args.run, args.checkpoint, args.device)
+    split = None if args.split == "all" else args.split
+    queries = args.text or args.image
+    results = search(run, text=args.text or None, image=args.image or None, top=args.top, split=split)
+    for query, hits in zip(queries, results, strict=True):
+        print(format_hits(query, hits))
+    if args.json:
+        write_json_atomic(args.json, [{"query": q, "hits": [asdict(h) for h in hits]}
+                                      for q, hits in zip(queries, results, strict=True)])
+        print(f"wrote {args.json}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``train query``."""
+    p = sub.add_parser(
+        "query", help="retrieve images for a text or captions for an image with a trained run",
+        description="Text -> image or image -> text retrieval with a trained run, over one split of its "
+        "prepared dataset. Image queries are featurized exactly as the run's feature store was (same "
+        "network, weights, crops; FNE statistics and thresholds of the store).")
+    p.add_argument("--run", metavar="RUN_DIR", required=True,
+                   help="a run directory written by `train <family>`")
+    p.add_argument("--text", action="append", metavar="TEXT", help="a query text (repeatable)")
+    p.add_argument("--image", action="append", metavar="PATH", help="a query image (repeatable)")
+    p.add_argument("--top", type=int, default=5, help="hits per query (default 5)")
+    p.add_argument("--split", default="test", choices=("train", "val", "test", "all"),
+                   help="candidates: images or captions of this split, or all (default test)")
+    p.add_argument("--checkpoint", default="best", choices=("best", "last"), help="checkpoint (default best)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    p.add_argument("--json", metavar="PATH", help="also write the hits as JSON")
+    p.set_defaults(func=_command)
