@@ -234,3 +234,29 @@ def test_a_second_trainer_on_one_run_directory_is_refused(data, tmp_path, capsys
     # the killed holder's lock is stale: the run now starts
     assert train_cli(["chain", "--data", str(prepared), "--features", features, *TINY, "--epochs", "1",
                       "--out", str(run)]) == 0
+
+
+def test_curves_png_and_train_report(data, tmp_path, capsys) -> None:
+    prepared, features = data
+    runs = []
+    for name, d in (("small", "16"), ("large", "48")):
+        run = tmp_path / name
+        args = [a if a != "32" else d for a in TINY]
+        assert train_cli(["chain", "--data", str(prepared), "--features", features, *args, "--epochs", "2",
+                          "--out", str(run)]) == 0
+        png = run / "curves.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+        runs.append(run)
+    capsys.readouterr()
+    from train.cli import main as train_main
+
+    plot = tmp_path / "report.png"
+    report = ["report", *map(str, runs), "--plot", str(plot), "--json", str(tmp_path / "r.json")]
+    assert train_main(report) == 0
+    out = capsys.readouterr().out
+    rows = json.loads((tmp_path / "r.json").read_text())
+    assert [r["name"] for r in rows] == ["small", "large"] and rows[0]["parameters"] < rows[1]["parameters"]
+    test = json.loads((runs[0] / "eval" / "test.json").read_text())["protocols"]["all"]
+    assert rows[0]["test"]["rsum"] == pytest.approx(test["rsum"]) and rows[0]["epochs"] == 2
+    assert "small" in out and f"{test['rsum']:.1f}" in out
+    assert plot.read_bytes()[:4] == b"\x89PNG"

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from prep.errors import run_cli
 
 #: modules that register subcommands, in --help order
-COMMAND_MODULES = ("train.fit", "train.evaluate_cli", "train.query", "train.pipeline")
+COMMAND_MODULES = ("train.fit", "train.evaluate_cli", "train.query", "train.summary", "train.pipeline")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -33,10 +33,12 @@ from prep.pipelines import TrainSection
 from train.checkpoint import restore_rng_states, rng_states, save_checkpoint
 from train.data import CaptionSet, ImageRows, TextCodec, batch_loader, epoch_batches
 from train.objectives import Objective
+from train.plots import plot_training_curves
 
 BEST = "best.pt"
 LAST = "last.pt"
 METRICS = "metrics.jsonl"
+CURVES = "curves.png"
 
 
 def resolve_device(name: str) -> torch.device:
@@ -338,6 +340,7 @@ class Trainer:
             self.save(BEST)
         self.save(LAST)
         self.write_metrics()
+        plot_training_curves(self.history, self.run_dir / CURVES, title=self.run_dir.name)
         note = " (best)" if improved else f" ({self.bad_epochs} without improvement)"
         if self.finished and self.bad_epochs >= s.early_stop:
             note += f"; early stop after {s.early_stop} epochs without improvement"

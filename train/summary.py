@@ -1,0 +1,95 @@
+"""``train report RUN...``: runs side by side (settings, size, best epoch, test metrics) and a plot.
+
+Reads only what runs wrote (``config.json``, ``metrics.jsonl``, ``eval/test.json``), so it works
+on runs of any family, finished or not (a run without a test evaluation shows its best validation
+rsum and no test numbers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from prep.errors import UserError
+from prep.io import write_json_atomic
+from train.plots import plot_parameters_vs_rsum
+from train.runs import read_config
+from train.trainer import METRICS
+
+#: the settings that tell runs of one family apart in the table
+DESCRIBING_KEYS = ("version", "p", "arch", "variant", "hops", "kind", "d", "measure", "loss", "batch_size")
+
+
+def run_summary(run_dir: str | Path, protocol: str | None = None) -> dict[str, Any]:
+    """One run's row: name, family, settings, parameters, epochs, best validation rsum, test metrics.
+
+    ``protocol``: which test protocol to report (default: the first one the run evaluated).
+    """
+    run_dir = Path(run_dir)
+    config = read_config(run_dir)
+    settings = config.get("settings", {})
+    metrics_file = run_dir / METRICS
+    history = ([json.loads(line) for line in metrics_file.read_text().splitlines()]
+               if metrics_file.is_file() else [])
+    row: dict[str, Any] = {
+        "name": run_dir.name, "run": str(run_dir), "family": config.get("family", settings.get("family")),
+        "settings": {k: settings[k] for k in DESCRIBING_KEYS if k in settings},
+        "parameters": int(config.get("parameters", {}).get("total", 0)),
+        "epochs": len(history),
+        "best_epoch": max(history, key=lambda r: (r["rsum"], -r["epoch"]))["epoch"] if history else None,
+        "best_val_rsum": max((r["rsum"] for r in history), default=None),
+        "test": None,
+    }
+    test_file = run_dir / "eval" / "test.json"
+    if test_file.is_file():
+        protocols = json.loads(test_file.read_text())["protocols"]
+        name = protocol or next(iter(protocols))
+        if name not in protocols:
+            raise UserError(f"{test_file}: no protocol '{name}' (it has {', '.join(protocols)})")
+        row["test"] = {"protocol": name, **protocols[name]}
+    return row
+
+
+def format_summary(rows: list[dict[str, Any]]) -> str:
+    """A fixed-width table of :func:`run_summary` rows."""
+    head = (f"{'run':<24} {'family':<7} {'settings':<34} {'params':>11} {'ep(best)':>9} {'val rsum':>9} "
+            f"{'protocol':>8} {'i2t R@1':>8} {'t2i R@1':>8} {'rsum':>7}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        settings = " ".join(f"{k}={v}" for k, v in r["settings"].items() if k not in ("measure", "loss",
+                                                                                   "batch_size"))
+        t = r["test"]
+        test = (f"{t['protocol']:>8} {t['i2t']['r1']:>8.1f} {t['t2i']['r1']:>8.1f} {t['rsum']:>7.1f}" if t
+                else f"{'-':>8} {'-':>8} {'-':>8} {'-':>7}")
+        val = f"{r['best_val_rsum']:.1f}" if r["best_val_rsum"] is not None else "-"
+        lines.append(f"{r['name'][:24]:<24} {r['family']:<7} {settings[:34]:<34} {r['parameters']:>11,} "
+                     f"{r['epochs']:>4}({r['best_epoch'] or '-'}) {val:>9} {test}")
+    return "\n".join(lines)
+
+
+def _command(args: argparse.Namespace) -> int:
+    rows = [run_summary(r, args.protocol) for r in args.runs]
+    print(format_summary(rows))
+    if args.json:
+        write_json_atomic(args.json, rows)
+        print(f"wrote {args.json}")
+    if args.plot:
+        tested = [{**r, "rsum": r["test"]["rsum"]} for r in rows if r["test"]]
+        if not tested:
+            raise UserError("no run has a test evaluation (eval/test.json) to plot")
+        print(f"wrote {plot_parameters_vs_rsum(tested, args.plot)}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``train report``."""
+    p = sub.add_parser("report", help="compare runs: settings, parameters, epochs, validation and test rsum",
+                       description="A table of runs side by side (from their config.json, metrics.jsonl and "
+                       "eval/test.json) and, with --plot, parameters against test rsum.")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories written by `train <family>`")
+    p.add_argument("--protocol", default=None, help="test protocol to report (default: each run's first)")
+    p.add_argument("--plot", metavar="PNG", default=None, help="write parameters vs test rsum here")
+    p.add_argument("--json", metavar="PATH", default=None, help="also write the rows as JSON")
+    p.set_defaults(func=_command)
