@@ -137,8 +137,17 @@ def import_npy(npy: str | os.PathLike, data: str | os.PathLike, split: str, out:
         store = FeatureStore.open_or_create(
             out, np.arange(n, dtype=np.int64), {name: int(x.shape[1])}, block_size=min(n, 1024),
             config=config, provenance=provenance, overwrite=overwrite)
-        # One writer (this command) places rows scattered over many chunks: no block tasks to protect.
-        store.array(name)[rows] = np.where(finite[:, None], values, np.nan)
+        # One writer (this command), block by block: every chunk is written (a chunk file missing from
+        # a finished block means damage, see features.verify), and memory stays one block.
+        source = np.full(n, -1, dtype=np.int64)
+        source[rows] = np.arange(len(rows))
+        arr = store.array(name)
+        for b in range(store.n_blocks):
+            start, stop = store.block_rows(b)
+            block, k = np.asarray(arr[start:stop]), source[start:stop]
+            hit = k >= 0
+            block[hit] = np.where(finite[k[hit], None], values[k[hit]], np.nan)
+            arr[start:stop] = block
         valid = np.asarray(store.array("valid")[:], dtype=bool)
         valid[rows] = finite
         store.array("valid")[:] = valid

@@ -255,6 +255,28 @@ def test_import_marks_nonfinite_rows_invalid(data, tmp_path, capsys):
     assert read_matrix(str(out))[1][train].all() and FeatureStore(out).block_failures() == []
 
 
+def test_import_of_one_split_writes_every_chunk(tmp_path):
+    """A split filling only the last of three blocks: the other blocks' chunks exist too (NaN)."""
+    n = 2100  # block size min(n, 1024): three blocks
+    images = [{"imgid": i, "split": "test" if i >= 2050 else "train", "filename": f"{i}.jpg", "sentids": [],
+               "sentences": []} for i in range(n)]
+    data = tmp_path / "big"
+    data.mkdir()
+    (data / "dataset.json").write_text(json.dumps({"dataset": "big", "images_root": str(tmp_path),
+                                                   "images": images}))
+    for name, key in (("chars.json", "symbols"), ("words.json", "tokens")):
+        (data / name).write_text(json.dumps({key: ["<pad>", "<unk>"]}))
+    np.save(tmp_path / "test_ims.npy", np.ones((50, 4), dtype=np.float32))
+    out = tmp_path / "i.zarr"
+    assert main(["import", "--npy", str(tmp_path / "test_ims.npy"), "--data", str(data), "--split", "test",
+                 "--out", str(out)]) == 0
+    assert FeatureStore(out).n_blocks == 3
+    report = verify_store(out)
+    assert report.ok, report.lines()
+    x, valid = read_matrix(str(out))
+    assert np.flatnonzero(valid).tolist() == list(range(2050, 2100)) and (x[2050:] == 1).all()
+
+
 # -- 9: rethreshold is atomic -------------------------------------------------------------------
 @pytest.fixture
 def fne_store(data, tmp_path) -> Path:
