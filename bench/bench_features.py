@@ -11,6 +11,12 @@ and the ratios end-to-end / bare forward, so the pipeline's overhead is visible.
     .venv/bin/python bench/bench_features.py --cnn efficientnet_lite0 --weights none --images 32
     .venv/bin/python bench/bench_features.py --cnn vgg16 --weights none --device cuda --images 256
 
+``--verify-rows N`` instead times the two integrity checks of :mod:`features.verify` on a finished
+synthetic FNE store of N rows (VGG16 width, 12,416; random values): the chunk-file check every
+resume runs, and the full decode of ``features verify``, with the store's size on disk.
+
+    .venv/bin/python bench/bench_features.py --verify-rows 4096
+
 Images: the first N of ``--images-dir`` (default ``../shared/data/coco_sample/images``).
 """
 
@@ -72,6 +78,41 @@ def bare_forward(mapper: ImageMapper, crops: torch.Tensor, device: str, repeats:
     return best
 
 
+def bench_verify(rows: int, width: int, block: int) -> None:
+    """Print the time of the resume check (stat only) and of ``features verify`` (decode everything)."""
+    import numpy as np
+
+    from features.extract import finish_fne
+    from features.store import FeatureStore
+    from features.verify import check_files, verify_store
+
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "fne.zarr"
+        store = FeatureStore.create(path, np.arange(rows), {"fne/raw": width}, block, {"bench": True}, {})
+        t0 = time.perf_counter()
+        for b in range(store.n_blocks):
+            start, stop = store.block_rows(b)
+            x = rng.gamma(0.5, 1.0, (stop - start, width)).astype(np.float32)
+            store.write_block(b, {"fne/raw": x}, np.ones(stop - start, dtype=bool), [])
+        finish_fne(store, np.arange(rows) % 5 != 0, -0.25, 0.15)
+        store.set_attrs(complete=True)
+        build_s = time.perf_counter() - t0
+        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        files = sum(1 for f in path.rglob("*") if f.is_file())
+        print(f"bench_features: synthetic FNE store, {rows} rows x {width}, block {block}: {store.n_blocks} "
+              f"blocks, {files} files, {size / 1e9:.2f} GB on disk (built in {build_s:.1f} s)")
+        t0 = time.perf_counter()
+        assert check_files(FeatureStore(path)) == {}
+        files_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        assert verify_store(path).ok
+        full_s = time.perf_counter() - t0
+        per_block = files_s / store.n_blocks * 1e3
+        print(f"resume check (stat chunk files):    {files_s:7.3f} s  {per_block:7.3f} ms/block")
+        print(f"features verify (decode all):       {full_s:7.2f} s  {size / 1e6 / full_s:7.1f} MB/s on disk")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cnn", default="efficientnet_lite0")
@@ -86,9 +127,15 @@ def main() -> None:
                    default=ROOT.parent / "shared" / "data" / "coco_sample" / "images")
     p.add_argument("--skip-fne", action="store_true")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--verify-rows", type=int, default=None, metavar="N",
+                   help="only time the integrity checks on a synthetic FNE store of N rows")
+    p.add_argument("--verify-width", type=int, default=12416, metavar="F", help="FNE width (VGG16: 12,416)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.verify_rows:
+        bench_verify(args.verify_rows, args.verify_width, block=256)
+        return
     device = resolve_device(args.device)
     paths = sorted(args.images_dir.glob("*.jpg"))[:args.images]
     if not paths:
@@ -123,7 +170,7 @@ def main() -> None:
             settings = FeaturesSection(kind=kind, data=str(data), out=str(Path(tmp) / f"{kind}.zarr"),
                                        cnn=args.cnn, weights=args.weights, crops=args.crops,
                                        batch_size=args.batch_size, block_size=args.block_size,
-                                       device=device, amp=args.amp)
+                                       device=device, amp=args.amp, threads=torch.get_num_threads())
             t0 = time.perf_counter()
             run_features(settings, overwrite=True, progress=False)
             total = time.perf_counter() - t0

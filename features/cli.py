@@ -2,14 +2,17 @@
 
 ``features cnn`` (10-crop global CNN features), ``features fne`` (the Full-Network Embedding),
 ``features regions`` (not implemented yet), ``features export`` / ``features import`` (VSE++/SCAN
-precomp ``.npy`` and HDF5). Settings merge as everywhere: explicit options > ``--pipeline`` >
-the schema defaults in :mod:`prep.pipelines`.
+precomp ``.npy`` and HDF5), ``features verify`` (integrity of a store's finished blocks). Every
+command that writes a store holds its lock (:func:`prep.io.exclusive_lock`) for its whole run.
+Settings merge as everywhere: explicit options > ``--pipeline`` > the schema defaults in
+:mod:`prep.pipelines`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,7 +26,7 @@ from features.extract import ExtractSummary, Mapper, extract, finish_fne, write_
 from features.store import FeatureStore
 from prep.dataset import DATASET_FILE, PreparedDataset
 from prep.errors import UserError, run_cli
-from prep.io import sha256_file
+from prep.io import exclusive_lock, sha256_file
 from prep.pipelines import FeaturesSection, add_pipeline_arguments, stage_settings
 
 PROG = "features"
@@ -48,12 +51,13 @@ class ImageMapperFactory:
 
     @classmethod
     def from_settings(cls, settings: FeaturesSection, device: str | None = None) -> ImageMapperFactory:
-        """The recipe of the mapper that ``settings`` asks for."""
+        """The recipe of the mapper that ``settings`` asks for (``threads`` resolved, see
+        :func:`torch_threads`, so the driver and every worker use the same count)."""
         config = {
             "cnn": settings.cnn, "weights": settings.weights, "allow_download": settings.allow_download,
             "kind": "fne" if settings.kind == "fne" else "global", "crops": settings.crops,
             "batch_size": settings.batch_size, "device": device or settings.device, "amp": settings.amp,
-            "input_size": settings.input_size, "resize": settings.resize,
+            "input_size": settings.input_size, "resize": settings.resize, "threads": torch_threads(settings),
         }
         return cls(json.dumps(config, sort_keys=True))
 
@@ -76,18 +80,42 @@ class ImageMapperFactory:
         return ImageMapper.from_config(config)
 
 
+def torch_threads(settings: FeaturesSection) -> int:
+    """Intra-op torch threads of every mapper of a run: ``--threads``, else a default per scheduler.
+
+    CPU kernels sum in an order that depends on the thread count (rows differ in the last bits:
+    up to 1.4e-6 for EfficientNet-Lite0 between 1 and 2 threads), so the count is fixed per run and
+    sent to the workers with the mapper's recipe: the same ``--threads`` gives bit-identical rows
+    in-process and on any cluster. Defaults: in-process all of torch's threads; ``local``: the CPU
+    cores shared among ``--workers``; a remote cluster: 1 (as ``dask worker`` sets).
+    """
+    if settings.threads is not None:
+        if settings.threads < 1:
+            raise UserError(f"--threads must be at least 1, got {settings.threads}")
+        return int(settings.threads)
+    if settings.scheduler == "none":
+        import torch
+
+        return int(torch.get_num_threads())
+    if settings.scheduler == "local":
+        return max(1, (os.cpu_count() or 1) // max(1, settings.workers))
+    return 1
+
+
 def _dataset(settings: FeaturesSection) -> PreparedDataset:
     if not settings.data:
         raise UserError("features: --data is required (a prepared dataset folder; give it or use --pipeline)")
     return PreparedDataset.load(settings.data)
 
 
-def store_config(settings: FeaturesSection, mapper: Mapper, dataset_sha256: str,
+def store_config(settings: FeaturesSection, mapper: Mapper, images_sha256: str,
                  n_rows: int) -> dict[str, Any]:
     """The settings that determine the stored numbers: a resumed run must match them exactly.
 
-    Batch size, device, scheduler and workers are left out: they change speed, not rows (blocks
-    are computed the same way wherever they run).
+    The rows' identity is ``images_sha256`` (the prepared dataset's ordered images and splits), not
+    the whole ``dataset.json``: re-preparing captions keeps a store resumable. Batch size, threads,
+    device, scheduler and workers are left out: they change speed (and at most the last bits of
+    CPU rows, see :func:`torch_threads`), not what the rows are.
     """
     prov = mapper.provenance
     config = {
@@ -95,7 +123,7 @@ def store_config(settings: FeaturesSection, mapper: Mapper, dataset_sha256: str,
         "weights_sha256": prov.get("weights_sha256"), "crops": settings.crops,
         "input_size": prov.get("input_size", settings.input_size),
         "resize": prov.get("resize", settings.resize),
-        "amp": settings.amp, "block_size": settings.block_size, "dataset_sha256": dataset_sha256,
+        "amp": settings.amp, "block_size": settings.block_size, "images_sha256": images_sha256,
         "n_rows": n_rows, "outputs": dict(mapper.outputs),
     }
     if settings.kind == "fne":
@@ -107,8 +135,10 @@ def run_features(settings: FeaturesSection, overwrite: bool = False, rethreshold
                  progress: bool = True) -> Path:
     """Run ``features cnn|fne`` with resolved ``settings``; return the store's path.
 
-    Resumes a store made with the same configuration, refuses one made with another (unless
-    ``overwrite``). ``rethreshold`` (fne only) rewrites only the ternary array.
+    Resumes a store made with the same configuration (recomputing finished blocks whose chunk
+    files are missing or empty), refuses one made with another (unless ``overwrite``).
+    ``rethreshold`` (fne only) rewrites only the ternary array. The store's lock is held from
+    before anything is deleted until the end, Dask runs included (the driver holds it).
     """
     if settings.kind == "regions":
         raise UserError("features regions: region features (Faster R-CNN, bottom-up attention) are not "
@@ -119,10 +149,22 @@ def run_features(settings: FeaturesSection, overwrite: bool = False, rethreshold
     _check_thresholds(settings)
     check_scheduler(settings.scheduler, settings.workers)
     dataset = _dataset(settings)
-    dataset_sha = sha256_file(dataset.root / DATASET_FILE)
-    paths = [str(p) for p in dataset.image_paths()]
-    if not paths:
+    if not dataset.images:
         raise UserError(f"{dataset.root}: the prepared dataset has no images")
+    # Locked before the model is loaded (a second writer is told at once) and before --overwrite
+    # deletes anything; released by the kernel if this process dies.
+    with exclusive_lock(out, "the feature store"):
+        summary = _extract_locked(settings, dataset, out, overwrite, progress)
+    _print_summary(summary, out)
+    return out
+
+
+def _extract_locked(settings: FeaturesSection, dataset: PreparedDataset, out: Path, overwrite: bool,
+                    progress: bool) -> ExtractSummary:
+    """The body of :func:`run_features`, run while holding the store's lock."""
+    dataset_sha = sha256_file(dataset.root / DATASET_FILE)
+    images_sha = dataset.images_fingerprint()
+    paths = [str(p) for p in dataset.image_paths()]
     imgids = np.arange(len(paths), dtype=np.int64)
     in_process = settings.scheduler == "none"
     # The driver needs the widths and provenance; in-process its mapper is the one that computes.
@@ -134,13 +176,17 @@ def run_features(settings: FeaturesSection, overwrite: bool = False, rethreshold
         factory = ImageMapperFactory.from_settings(settings)
         driver = ImageMapperFactory.from_settings(settings, "cpu")
     mapper = cached_mapper(driver)
-    config = store_config(settings, mapper, dataset_sha, len(paths))
+    config = store_config(settings, mapper, images_sha, len(paths))
     provenance = {**mapper.provenance, "dataset": str(dataset.root), "dataset_sha256": dataset_sha,
-                  "thresholds": config.get("thresholds")}
+                  "images_sha256": images_sha, "thresholds": config.get("thresholds"),
+                  "torch_threads": factory.config["threads"]}
     hints = {"thresholds": "use `features fne --rethreshold` to change only the thresholds, or --overwrite"}
-    store = FeatureStore.open_or_create(out, imgids, mapper.outputs, settings.block_size, config, provenance,
-                                        overwrite=overwrite, hints=hints)
-    with open_executor(settings.scheduler, settings.workers, settings.threads) as executor:
+    resuming = out.exists() and not overwrite
+    store = FeatureStore.open_or_create(out, imgids, mapper.outputs, settings.block_size, config,
+                                        provenance, overwrite=overwrite, hints=hints)
+    if resuming:
+        _recompute_damaged(store)
+    with open_executor(settings.scheduler, settings.workers) as executor:
         summary = extract(store, paths, factory, executor, settings.on_error, progress)
     if settings.kind == "fne":
         train = np.array([im.split == "train" for im in dataset.images], dtype=bool)
@@ -148,8 +194,22 @@ def run_features(settings: FeaturesSection, overwrite: bool = False, rethreshold
     store.set_attrs(failures=summary.failures, complete=True,
                     summary={"rows_written": summary.rows_written, "rows_skipped": summary.rows_skipped,
                              "failed": len(summary.failures), "seconds": round(summary.seconds, 3)})
-    _print_summary(summary, out)
-    return out
+    return summary
+
+
+def _recompute_damaged(store: FeatureStore) -> None:
+    """The resume check: clear the flags of finished blocks whose chunk files are missing or empty.
+
+    Files are only ``stat``-ed (see :mod:`features.verify`); ``features verify`` decodes them.
+    """
+    from features.verify import check_files
+
+    damaged = check_files(store)
+    if damaged:
+        first = min(damaged)
+        print(f"features: {len(damaged)} finished block(s) of {store.path} are damaged (block {first}: "
+              f"{damaged[first][0]}); recomputing them", file=sys.stderr)
+        store.clear_blocks(sorted(damaged))
 
 
 def _check_thresholds(settings: FeaturesSection) -> None:
@@ -159,17 +219,22 @@ def _check_thresholds(settings: FeaturesSection) -> None:
 
 
 def rethreshold_store(path: Path, low: float, high: float) -> Path:
-    """Recompute ``fne/ternary`` of a finished FNE store with new thresholds; update its attributes."""
+    """Recompute ``fne/ternary`` of a finished FNE store with new thresholds, under the store's lock.
+
+    The new array is written aside and swapped in (:meth:`FeatureStore.replace_ternary`): a kill at
+    any point leaves a complete ternary array whose attributes name its thresholds.
+    """
     if low >= high:
         raise UserError(f"--threshold-low ({low}) must be below --threshold-high ({high})")
-    store = FeatureStore(path, mode="r+")
-    store.require_complete()
-    if not store.has("fne/mean"):
-        raise UserError(f"{path}: not a Full-Network Embedding store (no fne/mean); nothing to rethreshold")
-    write_ternary(store, low, high)
-    attrs = store.attrs
-    config = dict(attrs["config"], thresholds=[low, high])
-    store.set_attrs(config=config, provenance=dict(attrs["provenance"], thresholds=[low, high]))
+    FeatureStore(path)  # a clear error for a path that is not a store, before creating a lock file
+    with exclusive_lock(path, "the feature store"):
+        store = FeatureStore(path, mode="r+")
+        store.recover()
+        store.require_complete()
+        if not store.has("fne/mean"):
+            raise UserError(f"{path}: not a Full-Network Embedding store (no fne/mean); "
+                            "nothing to rethreshold")
+        write_ternary(store, low, high)
     print(f"features: rewrote fne/ternary with thresholds {low} / {high} -> {path}")
     return path
 
@@ -222,7 +287,9 @@ def _extraction_options(p: argparse.ArgumentParser, fne: bool) -> None:
     p.add_argument("--workers", type=int, metavar="N", default=None,
                    help="worker processes of --scheduler local (default 2)")
     p.add_argument("--threads", type=int, metavar="N", default=None,
-                   help="threads per worker of --scheduler local (default 1)")
+                   help="torch threads of the network on the CPU, in this process and in every Dask worker "
+                        "(the same N gives bit-identical rows anywhere); default: all of torch's threads "
+                        "in-process, the CPU cores divided among --workers for local, 1 on a remote cluster")
     p.add_argument("--on-error", choices=("record", "fail"), default=None,
                    help="record (default): unusable images are listed in the store and summary, their rows "
                         "NaN with valid=False; fail: stop at the first one")
@@ -276,7 +343,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="STORE.zarr", required=True,
                    help="store to write; an existing imported store of the same dataset gains the split")
     p.add_argument("--overwrite", action="store_true", help="start a new store even if --out exists")
+    p = sub.add_parser("verify", help="check the finished blocks of a store (chunk files, finite valid rows)",
+                       description="Check every block flagged done: its chunk files exist and decode, its "
+                                   "valid rows are finite, and 'valid' is False exactly at its recorded "
+                                   "failures. Exit status 0 when the store is complete and sound, 2 if not.")
+    p.add_argument("store", metavar="STORE.zarr", help="the feature store to check (reads all of it)")
+    p.add_argument("--data", metavar="DIR", default=None,
+                   help="also check that the store was made for this prepared dataset")
+    p.add_argument("--repair", action="store_true",
+                   help="clear the done flag of damaged blocks (and mark the store incomplete) so that the "
+                        "store's `features cnn|fne` command recomputes them")
     return parser
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from features.verify import verify_store
+
+    report = verify_store(args.store, args.data, repair=args.repair)
+    for line in report.lines():
+        print(line)
+    if report.ok:
+        return 0
+    again = ("`features import` of the affected splits" if _kind(report.store) == "import"
+             else "the store's `features cnn|fne` command")
+    if report.repaired:
+        print(f"features verify: cleared {len(report.rows_damaged)} damaged block(s) and marked the store "
+              f"incomplete; run {again} again to recompute them")
+        return 0
+    if report.blocks or report.store_problems:
+        raise UserError(f"{report.store}: {len(report.blocks)} damaged block(s)"
+                        f"{' and store problems' if report.store_problems else ''}; run `features verify "
+                        f"{report.store} --repair`, then {again}")
+    raise UserError(f"{report.store}: the store is incomplete ({report.done}/{report.n_blocks} blocks done); "
+                    f"run {again} to finish it")
+
+
+def _kind(path: Path) -> str:
+    return str(FeatureStore(path).attrs.get("config", {}).get("kind", ""))
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -297,8 +400,15 @@ def _main(argv: Sequence[str] | None) -> int:
         for path in written:
             print(f"features: wrote {path}")
         return 0
-    out = interop.import_npy(args.npy, args.data, args.split, args.out, overwrite=args.overwrite)
-    print(f"features: imported {args.npy} as the {args.split} rows of {out}")
+    if args.command == "verify":
+        return _verify(args)
+    result = interop.import_npy(args.npy, args.data, args.split, args.out, overwrite=args.overwrite)
+    print(f"features: imported {args.npy} as the {args.split} rows of {result.store}")
+    if result.nonfinite:
+        shown = ", ".join(str(i) for i in result.nonfinite[:5])
+        more = f" and {len(result.nonfinite) - 5} more" if len(result.nonfinite) > 5 else ""
+        print(f"features: {len(result.nonfinite)} of {result.rows} imported rows hold NaN or inf and are "
+              f"stored invalid (imgid {shown}{more})")
     return 0
 
 

@@ -4,9 +4,10 @@ The executor knows nothing of images or models: it runs :func:`features.extract.
 each :class:`~features.extract.BlockTask` with a mapper taken from a per-process cache, so a
 Dask worker loads the model once and reuses it for every block it is given.
 
-``--scheduler none``: in-process. ``local``: a ``LocalCluster`` of ``--workers`` processes
-(``--threads`` threads each, default 1). ``tcp://HOST:PORT``: a running ``dask scheduler`` whose
-workers see the store's path on a shared filesystem.
+``--scheduler none``: in-process. ``local``: a ``LocalCluster`` of ``--workers`` processes, one
+task at a time each (the mapper's torch threads are ``--threads``, set by the mapper itself).
+``tcp://HOST:PORT``: a running ``dask scheduler`` whose workers see the store's path on a shared
+filesystem.
 
 A worker that dies mid-task is handled by the scheduler: it reschedules the task on another
 worker (up to ``distributed.scheduler.allowed-failures`` times). A rerun block is written again
@@ -110,8 +111,7 @@ def check_scheduler(scheduler: str, workers: int = 2) -> None:
 
 
 @contextlib.contextmanager
-def open_executor(scheduler: str = "none", workers: int = 2, threads: int | None = None
-                  ) -> Iterator[InProcessExecutor | DaskExecutor]:
+def open_executor(scheduler: str = "none", workers: int = 2) -> Iterator[InProcessExecutor | DaskExecutor]:
     """The executor for ``--scheduler none|local|tcp://HOST:PORT``; closes what it started."""
     check_scheduler(scheduler, workers)
     if scheduler == "none":
@@ -122,8 +122,9 @@ def open_executor(scheduler: str = "none", workers: int = 2, threads: int | None
     except ImportError:  # pragma: no cover - dask[distributed] is a dependency
         raise UserError("--scheduler needs dask[distributed]: pip install 'dask[distributed]'") from None
     if scheduler == "local":
-        # Processes, not threads: each worker holds its own model and the GIL is not shared.
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=threads or 1, processes=True,
+        # Processes, not threads: each worker holds its own model and the GIL is not shared. One
+        # task at a time per worker: torch's thread count is per process, set by the mapper.
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                dashboard_address=None)
         try:
             with Client(cluster) as client:

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 from tqdm import tqdm
 
-from features.store import FeatureStore
+from features.store import ARRAY_CONFIG, FeatureStore
 from prep.errors import UserError
 
 
@@ -241,29 +241,33 @@ def finish_fne(store: FeatureStore, train_rows: np.ndarray, low: float, high: fl
     for name, values in (("fne/mean", mean), ("fne/std", std)):
         if not store.has(name):
             store.group.create_array(name, shape=(width,), chunks=(width,), dtype="float32",
-                                     fill_value=np.nan)
+                                     fill_value=np.nan, config=ARRAY_CONFIG)
         store.array(name)[:] = np.asarray(values, dtype=np.float32)
     write_ternary(store, low, high)
 
 
 def write_ternary(store: FeatureStore, low: float, high: float) -> None:
-    """(Re)write ``fne/ternary`` from ``fne/raw`` and the stored statistics, block by block."""
+    """(Re)write ``fne/ternary`` from ``fne/raw`` and the stored statistics, block by block.
+
+    Written aside and swapped in (:meth:`FeatureStore.replace_ternary`), with the thresholds in the
+    array's own attributes: a kill leaves the previous complete array (or the new one) in place.
+    """
     from features.fne import ternarize
 
     raw = store.array("fne/raw")
-    n, width = raw.shape
-    if not store.has("fne/ternary"):
-        store.group.create_array("fne/ternary", shape=(n, width), chunks=raw.chunks, dtype="int8",
-                                 fill_value=0)
-    out = store.array("fne/ternary")
+    n = raw.shape[0]
     mean = np.asarray(store.array("fne/mean")[:])
     std = np.asarray(store.array("fne/std")[:])
     valid = np.asarray(store.array("valid")[:], dtype=bool)
-    for b in range(math.ceil(n / store.block_size)):
-        start, stop = store.block_rows(b)
-        block = np.asarray(raw[start:stop])
-        tern = np.zeros(block.shape, dtype=np.int8)
-        ok = valid[start:stop]
-        if ok.any():
-            tern[ok] = ternarize(block[ok], mean, std, low, high)
-        out[start:stop] = tern
+
+    def write(out: Any) -> None:
+        for b in range(math.ceil(n / store.block_size)):
+            start, stop = store.block_rows(b)
+            block = np.asarray(raw[start:stop])
+            tern = np.zeros(block.shape, dtype=np.int8)
+            ok = valid[start:stop]
+            if ok.any():
+                tern[ok] = ternarize(block[ok], mean, std, low, high)
+            out[start:stop] = tern
+
+    store.replace_ternary(write, (low, high))

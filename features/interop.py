@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ import numpy as np
 from features.store import FeatureStore, parse_spec, read_matrix
 from prep.dataset import DATASET_FILE, SPLITS, PreparedDataset
 from prep.errors import UserError
-from prep.io import sha256_file
+from prep.io import exclusive_lock, sha256_file
 
 #: precomp file prefix of each split (VSE++/SCAN call the validation split ``dev``)
 PRECOMP_NAMES = {"train": "train", "val": "dev", "test": "test"}
@@ -35,16 +36,13 @@ def export_store(spec: str, data: str | os.PathLike, fmt: str, out: str | os.Pat
     """Write a finished store as precomp ``.npy`` files (``fmt="precomp"``) or one HDF5 file.
 
     Rows of failed images are refused (they would be NaN in another codebase) unless
-    ``allow_invalid``. Returns the files written.
+    ``allow_invalid``; so is a store made for another prepared dataset than ``data``
+    (:func:`features.store.check_store_matches`). Returns the files written.
     """
     dataset = PreparedDataset.load(data)
     path, _ = parse_spec(spec)
     store = FeatureStore(path)
-    store.require_complete()
-    if store.n_rows != len(dataset.images):
-        raise UserError(f"{path}: {store.n_rows} rows, but {data} has {len(dataset.images)} images "
-                        "(is it the store of this dataset?)")
-    x, valid = read_matrix(spec)
+    x, valid = read_matrix(spec, dataset)  # refuses a store of another dataset, or a damaged one
     splits = list(splits) if splits else [s for s in SPLITS if dataset.image_rows(s)]
     rows = {s: np.asarray(dataset.image_rows(s), dtype=np.int64) for s in splits}
     for split, r in rows.items():
@@ -74,8 +72,18 @@ def _export_hdf5(store: FeatureStore, dataset: PreparedDataset, rows: np.ndarray
     rows = np.sort(rows)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        _write_hdf5(h5py.File(tmp, "w"), store, dataset, rows)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # e.g. a damaged chunk: no half-written file left behind
+        raise
+    os.replace(tmp, out)
+    return out
+
+
+def _write_hdf5(file: object, store: FeatureStore, dataset: PreparedDataset, rows: np.ndarray) -> None:
     names = [n for n in ("global", "fne/raw", "fne/ternary") if store.has(n)]
-    with h5py.File(tmp, "w") as h5:
+    with file as h5:
         for name in names:
             h5.create_dataset(name, data=np.asarray(store.array(name)[:])[rows], compression="gzip")
         for name in ("fne/mean", "fne/std"):
@@ -87,16 +95,25 @@ def _export_hdf5(store: FeatureStore, dataset: PreparedDataset, rows: np.ndarray
         attrs = store.attrs
         h5.attrs["provenance"] = json.dumps(attrs.get("provenance", {}))
         h5.attrs["config"] = json.dumps(attrs.get("config", {}))
-    os.replace(tmp, out)
-    return out
+
+
+@dataclass
+class ImportResult:
+    """What :func:`import_npy` did: the store, and the imported rows made invalid for NaN/inf values."""
+
+    store: Path
+    rows: int
+    nonfinite: list[int] = field(default_factory=list)
 
 
 def import_npy(npy: str | os.PathLike, data: str | os.PathLike, split: str, out: str | os.PathLike,
-               overwrite: bool = False, name: str = "global") -> Path:
+               overwrite: bool = False, name: str = "global") -> ImportResult:
     """Read a precomp ``(n_split_images, C)`` array into the store ``out`` at ``split``'s rows.
 
     A new store has every row NaN / ``valid=False`` except the imported split; an existing
-    imported store of the same dataset and width gains the split (one writer: this command).
+    imported store of the same images and width gains the split. Rows holding NaN or inf are
+    stored invalid and recorded as failures (reason "non-finite values"). The store's lock is held
+    from before ``overwrite`` deletes anything until the end.
     """
     npy, out = Path(npy), Path(out)
     try:
@@ -109,20 +126,50 @@ def import_npy(npy: str | os.PathLike, data: str | os.PathLike, split: str, out:
     rows = np.asarray(dataset.image_rows(split), dtype=np.int64)
     if len(rows) != x.shape[0]:
         raise UserError(f"{npy}: {x.shape[0]} rows, but split '{split}' of {data} has {len(rows)} images")
-    dataset_sha = sha256_file(dataset.root / DATASET_FILE)
+    images_sha = dataset.images_fingerprint()
     n = len(dataset.images)
-    config = {"kind": "import", "dataset_sha256": dataset_sha, "n_rows": n,
-              "outputs": {name: int(x.shape[1])}}
-    store = FeatureStore.open_or_create(
-        out, np.arange(n, dtype=np.int64), {name: int(x.shape[1])}, block_size=min(n, 1024), config=config,
-        provenance={"imported_from": {}, "dataset": str(dataset.root)}, overwrite=overwrite)
-    # One writer (this command) places rows scattered over many chunks: no block tasks to protect.
-    store.array(name)[rows] = np.asarray(x, dtype=np.float32)
-    valid = np.asarray(store.array("valid")[:], dtype=bool)
-    valid[rows] = True
-    store.array("valid")[:] = valid
-    store.array("blocks_done")[:] = True
-    prov = store.attrs["provenance"]
-    prov.setdefault("imported_from", {})[split] = {"file": str(npy.resolve()), "sha256": sha256_file(npy)}
-    store.set_attrs(provenance=prov, complete=True)
-    return out
+    config = {"kind": "import", "images_sha256": images_sha, "n_rows": n, "outputs": {name: int(x.shape[1])}}
+    provenance = {"imported_from": {}, "dataset": str(dataset.root), "images_sha256": images_sha,
+                  "dataset_sha256": sha256_file(dataset.root / DATASET_FILE)}
+    values = np.asarray(x, dtype=np.float32)
+    finite = np.isfinite(values).all(axis=1)
+    with exclusive_lock(out, "the feature store"):
+        store = FeatureStore.open_or_create(
+            out, np.arange(n, dtype=np.int64), {name: int(x.shape[1])}, block_size=min(n, 1024),
+            config=config, provenance=provenance, overwrite=overwrite)
+        # One writer (this command), block by block: every chunk is written (a chunk file missing from
+        # a finished block means damage, see features.verify), and memory stays one block.
+        source = np.full(n, -1, dtype=np.int64)
+        source[rows] = np.arange(len(rows))
+        arr = store.array(name)
+        for b in range(store.n_blocks):
+            start, stop = store.block_rows(b)
+            block, k = np.asarray(arr[start:stop]), source[start:stop]
+            hit = k >= 0
+            block[hit] = np.where(finite[k[hit], None], values[k[hit]], np.nan)
+            arr[start:stop] = block
+        valid = np.asarray(store.array("valid")[:], dtype=bool)
+        valid[rows] = finite
+        store.array("valid")[:] = valid
+        bad = rows[~finite]
+        _record_failures(store, set(rows.tolist()), [
+            {"imgid": int(i), "path": str(npy), "reason": f"non-finite values (NaN or inf) in row "
+                                                          f"{int(k)} of the imported array"}
+            for k, i in zip(np.flatnonzero(~finite), bad, strict=True)])
+        store.array("blocks_done")[:] = True
+        prov = store.attrs["provenance"]
+        prov.setdefault("imported_from", {})[split] = {"file": str(npy.resolve()), "sha256": sha256_file(npy),
+                                                       "nonfinite_rows": len(bad)}
+        store.set_attrs(provenance=prov, complete=True, failures=store.block_failures())
+    return ImportResult(out, len(rows), [int(i) for i in bad])
+
+
+def _record_failures(store: FeatureStore, replaced: set[int], new: list[dict]) -> None:
+    """Per-block failure records: those of rows in ``replaced`` dropped, ``new`` added."""
+    kept = [f for f in store.block_failures() if f["imgid"] not in replaced] + new
+    per_block: dict[int, list[dict]] = {b: [] for b in range(store.n_blocks)}
+    for f in sorted(kept, key=lambda f: f["imgid"]):
+        per_block[f["imgid"] // store.block_size].append(f)
+    failures = store.array("failures")
+    for b, items in per_block.items():
+        failures[b] = json.dumps(items) if items else ""

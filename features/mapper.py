@@ -43,7 +43,9 @@ class ImageMapper:
     image's crops run as their own forward passes (chunks of at most ``batch_size`` crops). Changing
     ``batch_size`` below the crop count can change rows in the last bits (different kernel shapes). On CUDA
     whole images are packed into batches of about ``batch_size`` crops, and rows may differ in the last bits
-    with the grouping.
+    with the grouping. CPU kernels also sum in an order that depends on torch's intra-op thread count, so
+    ``threads`` (when given) is set for every call and restored after it: mappers with equal ``threads``
+    give bit-identical rows in any process (the driver, or a Dask worker whose environment says 1).
     """
 
     def __init__(
@@ -54,6 +56,7 @@ class ImageMapper:
         batch_size: int = 32,
         device: str | torch.device | None = "cpu",
         amp: bool = False,
+        threads: int | None = None,
     ) -> None:
         if kind not in KINDS:
             raise UserError(f"unknown feature kind {kind!r}: use one of {', '.join(KINDS)}")
@@ -61,6 +64,9 @@ class ImageMapper:
             raise UserError(f"--crops must be 1 or 10, not {crops}")
         if batch_size < 1:
             raise UserError(f"--batch-size must be at least 1, not {batch_size}")
+        if threads is not None and threads < 1:
+            raise UserError(f"--threads must be at least 1, not {threads}")
+        self.threads = threads
         self.backbone = backbone
         self.kind = kind
         self.crops = crops
@@ -81,7 +87,7 @@ class ImageMapper:
     def from_config(cls, config: dict[str, Any]) -> ImageMapper:
         """Build from :attr:`config`'s plain dict (``cnn``, ``weights``, ``kind``, ``crops``,
         ``batch_size``, ``device``, ``amp``, optional ``allow_download``, ``input_size``, ``resize``,
-        ``seed``), e.g. once per Dask worker."""
+        ``seed``, ``threads``), e.g. once per Dask worker."""
         backbone = load_backbone(
             config["cnn"],
             config.get("weights", "imagenet"),
@@ -97,6 +103,7 @@ class ImageMapper:
             batch_size=int(config.get("batch_size", 32)),
             device=config.get("device", "cpu"),
             amp=bool(config.get("amp", False)),
+            threads=config.get("threads"),
         )
         mapper._build_kw = {
             "allow_download": bool(config.get("allow_download", False)),
@@ -121,6 +128,7 @@ class ImageMapper:
             "amp": self.amp,
             "input_size": b.input_size,
             "resize": b.resize,
+            "threads": self.threads,
         }
 
     @property
@@ -174,6 +182,16 @@ class ImageMapper:
     def __call__(self, images: list[Image.Image]) -> dict[str, np.ndarray]:
         """``images`` (RGB PIL images, see :func:`features.images.load_image`) ->
         ``{name: (len(images), width) float32}``, each row the mean over the image's crops."""
+        before = torch.get_num_threads()
+        if self.threads is not None and self.threads != before:
+            torch.set_num_threads(self.threads)
+        try:
+            return self._map(images)
+        finally:
+            if torch.get_num_threads() != before:
+                torch.set_num_threads(before)
+
+    def _map(self, images: list[Image.Image]) -> dict[str, np.ndarray]:
         (name, width), = self.outputs.items()
         out = np.empty((len(images), width), dtype=np.float32)
         b = self.backbone

@@ -7,7 +7,7 @@ Layout (see ``docs/ARCHITECTURE.md``, "Feature store")::
     fne/raw      (N, F)      float32  crop-averaged Full-Network activations   (features fne)
     fne/mean     (F,)        float32  per-feature mean of the valid train rows (after all blocks)
     fne/std      (F,)        float32  per-feature population std, same rows
-    fne/ternary  (N, F)      int8     {-1, 0, 1} discretization
+    fne/ternary  (N, F)      int8     {-1, 0, 1} discretization; its attributes hold its thresholds
     valid        (N,)        bool     row computed and usable (failed images: False, rows NaN)
     blocks_done  (n_blocks,) bool     completion mask, one chunk (one file) per block
     failures     (n_blocks,) str      JSON list of the block's failed images, one chunk per block
@@ -15,8 +15,14 @@ Layout (see ``docs/ARCHITECTURE.md``, "Feature store")::
 Row arrays are chunked along rows by the block size, so a block writes whole chunks only and two
 blocks (two Dask tasks) never touch the same file; ``blocks_done`` and ``failures`` have chunk
 size 1 for the same reason. A block's flag is written last, so a set flag means its rows are on
-disk. Attributes (written only by the single driver, at creation and at the end) hold the
-configuration that determines the numbers (compared on resume), the provenance and the failures.
+disk. Every chunk is written, even one equal to the fill value (Zarr skips those by default), so
+a missing chunk file of a finished block always means damage. Attributes (written only by the
+single driver, at creation and at the end) hold the configuration that determines the numbers
+(compared on resume; the rows' identity is ``images_sha256``, the prepared dataset's ordered image
+list and splits), the provenance and the failures.
+
+Reads go through :class:`StoreArray`: a damaged chunk (truncated, corrupt) becomes a one-line
+:class:`UserError` naming the array, the rows and the chunk file, and suggesting ``features verify``.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import math
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +41,9 @@ import numpy as np
 import zarr
 
 import prep
+from prep.dataset import DATASET_FILE, PreparedDataset
 from prep.errors import UserError
-from prep.io import atomic_directory
+from prep.io import atomic_directory, sha256_file
 
 #: version of the on-disk layout written into the store's attributes
 STORE_FORMAT = 1
@@ -45,6 +52,12 @@ MARKER = "vse_feature_store"
 #: columns per chunk of wide (FNE) arrays: statistics read column slices without reading all rows
 COLUMN_CHUNK = 2048
 ROW_ARRAYS = ("global", "fne/raw", "fne/ternary")
+#: the ternary FNE array, and the names it takes while ``--rethreshold`` replaces it (see
+#: :meth:`FeatureStore.replace_ternary`)
+TERNARY, TERNARY_NEW, TERNARY_OLD = "fne/ternary", "fne/ternary_new", "fne/ternary_old"
+#: Zarr does not write a chunk equal to the fill value by default; the store writes every chunk, so
+#: that a finished block's chunk file is never legitimately absent (``features verify``, resume)
+ARRAY_CONFIG = {"write_empty_chunks": True}
 
 
 @functools.cache
@@ -74,6 +87,78 @@ def config_difference(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> s
         if stored.get(key) != wanted.get(key):
             return key
     return None
+
+
+class StoreArray:
+    """One array of a store: reads and writes like the Zarr array, but a damaged chunk is a UserError.
+
+    Zarr and its codecs raise assorted exceptions for a truncated or corrupt chunk file; a read that
+    fails is retried chunk by chunk to name the first bad chunk, and becomes one line naming the
+    store, the array, the rows and the chunk file, with the repair command. ``shape``, ``chunks``,
+    ``dtype``, ``attrs`` ... are the Zarr array's.
+    """
+
+    def __init__(self, store: FeatureStore, name: str, array: zarr.Array) -> None:
+        self.store, self.name, self.zarr = store, name, array
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.zarr, attr)
+
+    def __getitem__(self, key: Any) -> Any:
+        try:
+            return self.zarr[key]
+        except Exception as exc:  # noqa: BLE001 - codecs raise RuntimeError, ValueError, ...
+            raise self._damage(key, exc) from None
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.zarr[key] = value
+
+    def chunk_key(self, chunk: tuple[int, ...]) -> str:
+        """The path of chunk ``chunk`` (grid coordinates) relative to the array, e.g. ``c/3/0``."""
+        return str(self.zarr.metadata.encode_chunk_key(chunk))
+
+    def _damage(self, key: Any, exc: Exception) -> Exception:
+        """The UserError for a failed read of ``key``; ``exc`` itself if no chunk is unreadable."""
+        first = key[0] if isinstance(key, tuple) and key else key
+        n = self.zarr.shape[0]
+        if isinstance(first, slice) and first.step in (None, 1):
+            lo, hi, _ = first.indices(n)
+        elif isinstance(first, (int, np.integer)) and n:
+            lo = int(first) % n
+            hi = lo + 1
+        else:
+            lo, hi = 0, n
+        found = self.damaged_chunk(lo, hi)
+        if found is None:
+            return exc
+        file, start, stop, reason = found
+        return UserError(f"{self.store.path}: array '{self.name}' is damaged at rows {start}-{stop - 1} "
+                         f"(chunk file {file}: {reason}); run `features verify {self.store.path} --repair`, "
+                         "then the store's `features` command to recompute it")
+
+    def damaged_chunk(self, lo: int, hi: int) -> tuple[str, int, int, str] | None:
+        """The first chunk of rows ``lo:hi`` that cannot be decoded: ``(file relative to the store,
+        first row, stop row, reason)``, or ``None``."""
+        rows = self.zarr.chunks[0]
+        for r in range(lo // rows, max(lo // rows, math.ceil(hi / rows))):
+            for rest in np.ndindex(*self.zarr.cdata_shape[1:]):
+                try:
+                    self.zarr.get_block_selection((r, *rest))
+                except Exception as exc:  # noqa: BLE001 - codecs raise RuntimeError, ValueError, ...
+                    file = f"{self.zarr.path}/{self.chunk_key((r, *rest))}"
+                    return file, r * rows, min((r + 1) * rows, self.zarr.shape[0]), _one_line(exc)
+        return None
+
+    def chunk_files(self, blocks: Iterable[int]) -> dict[int, list[Path]]:
+        """Chunk files holding the rows of each of ``blocks`` (row chunk = block; every column chunk)."""
+        folder = self.store.path / self.zarr.path
+        columns = list(np.ndindex(*self.cdata_shape[1:]))
+        return {int(b): [folder / self.chunk_key((int(b), *rest)) for rest in columns] for b in blocks}
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 160 else text[:157] + "..."
 
 
 class FeatureStore:
@@ -112,8 +197,8 @@ class FeatureStore:
         n_blocks = max(1, math.ceil(n / block_size))
         with atomic_directory(path, overwrite=True) as tmp:
             g = zarr.open_group(str(tmp), mode="w", zarr_format=3)
-            g.create_array("imgid", shape=(n,), chunks=(block_size,), dtype="int64", fill_value=-1)
-            g["imgid"][:] = np.asarray(imgids, dtype=np.int64)
+            g.create_array("imgid", shape=(n,), chunks=(block_size,), dtype="int64", fill_value=-1,
+                           config=ARRAY_CONFIG)[:] = np.asarray(imgids, dtype=np.int64)
             g.create_array("valid", shape=(n,), chunks=(block_size,), dtype="bool", fill_value=False)
             g.create_array("blocks_done", shape=(n_blocks,), chunks=(1,), dtype="bool", fill_value=False)
             g.create_array("failures", shape=(n_blocks,), chunks=(1,), dtype=str, fill_value="")
@@ -130,6 +215,8 @@ class FeatureStore:
                 "outputs": {k: int(v) for k, v in outputs.items()},
                 "complete": False,
                 "failures": [],
+                # every chunk of a finished block is on disk (ARRAY_CONFIG); older stores lack this
+                "empty_chunks_written": True,
             })
         return cls(path, mode="r+")
 
@@ -146,8 +233,18 @@ class FeatureStore:
         if overwrite or not path.exists():
             return cls.create(path, imgids, outputs, block_size, config, provenance, overwrite=overwrite)
         store = cls(path, mode="r+")
-        stored = store.attrs.get("config", {})
+        store.recover()
+        stored = dict(store.attrs.get("config", {}))
         wanted = _jsonable(dict(config))
+        if "images_sha256" in wanted and "images_sha256" not in stored and "dataset_sha256" in stored:
+            # A store written before images_sha256 existed: its rows are identified by dataset.json.
+            old = stored.pop("dataset_sha256")
+            if old != provenance.get("dataset_sha256"):
+                mine = str(provenance.get("dataset_sha256"))[:12]
+                raise UserError(f"{path}: the existing store was made for another dataset.json (sha256 "
+                                f"{str(old)[:12]}..., this one {mine}...); use --overwrite to start over, "
+                                "or another --out")
+            stored["images_sha256"] = wanted["images_sha256"]
         key = config_difference(stored, wanted)
         if key is not None:
             hint = (hints or {}).get(key, "use --overwrite to start over, or another --out")
@@ -183,23 +280,104 @@ class FeatureStore:
 
     def blocks_done(self) -> np.ndarray:
         """The completion mask, (n_blocks,) bool."""
-        return np.asarray(self.group["blocks_done"][:], dtype=bool)
+        return np.asarray(self.array("blocks_done")[:], dtype=bool)
 
     def block_done(self, block: int) -> bool:
         """Whether ``block``'s flag is set (reads that one chunk only)."""
-        return bool(self.group["blocks_done"][block])
+        return bool(self.array("blocks_done")[block])
+
+    def _exists(self, name: str) -> bool:
+        return (self.path / name / "zarr.json").is_file()
+
+    def _resolve(self, name: str) -> str:
+        """``name``, or for the ternary array caught between two renames by a killed
+        ``--rethreshold``, its complete replacement (readers never rename: see :meth:`recover`)."""
+        if name == TERNARY and not self._exists(TERNARY) and self._exists(TERNARY_NEW):
+            if self.group[TERNARY_NEW].attrs.get("complete"):
+                return TERNARY_NEW
+        return name
 
     def has(self, name: str) -> bool:
         """Whether the array ``name`` (e.g. ``"global"``, ``"fne/ternary"``) exists."""
-        try:
-            self.group[name]
-        except KeyError:
-            return False
-        return True
+        return self._exists(self._resolve(name))
 
-    def array(self, name: str) -> zarr.Array:
-        """The Zarr array ``name``."""
-        return self.group[name]
+    def array(self, name: str) -> StoreArray:
+        """The array ``name`` (see :class:`StoreArray`); a missing or unreadable one is a UserError."""
+        real = self._resolve(name)
+        if not self._exists(real):
+            raise UserError(f"{self.path}: no array '{name}' in this store (run `features verify "
+                            f"{self.path}`)")
+        try:
+            arr = self.group[real]
+        except Exception as exc:  # noqa: BLE001 - a damaged zarr.json
+            raise UserError(f"{self.path}: cannot open array '{name}': {_one_line(exc)}") from None
+        if not isinstance(arr, zarr.Array):
+            raise UserError(f"{self.path}: '{name}' is a group, not an array")
+        return StoreArray(self, name, arr.with_config(ARRAY_CONFIG))
+
+    def clear_blocks(self, blocks: list[int]) -> None:
+        """Unset the completion flags of ``blocks`` and mark the store incomplete (they are redone)."""
+        flags = self.array("blocks_done")
+        for b in blocks:
+            flags[b] = False
+        if blocks:
+            self.set_attrs(complete=False)
+
+    # -- the ternary array, replaced atomically ------------------------------------------------------
+    def replace_ternary(self, write: Any, thresholds: tuple[float, float]) -> None:
+        """Write a new ``fne/ternary`` aside, then swap it in; a kill at any point leaves a complete one.
+
+        ``write(array)`` fills the new (N, F) int8 array (a :class:`StoreArray`). Steps: the new array
+        is written as ``fne/ternary_new`` with ``thresholds`` and ``complete`` in its own attributes
+        (set last), then ``fne/ternary`` -> ``fne/ternary_old``, ``fne/ternary_new`` -> ``fne/ternary``
+        (Zarr v3 groups do not list their members, so renaming the folders is the whole swap), the old
+        one deleted, and ``config``/``provenance`` thresholds updated. Readers take the complete new
+        array while the old name is missing; :meth:`recover` finishes any step a kill interrupted.
+        Only a writer holding the store's lock calls this.
+        """
+        self.recover()
+        raw = self.array("fne/raw")
+        new = self.group.create_array(TERNARY_NEW, shape=raw.shape, chunks=raw.chunks, dtype="int8",
+                                      fill_value=0, config=ARRAY_CONFIG)
+        new.attrs.update({"thresholds": [float(t) for t in thresholds], "complete": False})
+        write(StoreArray(self, TERNARY_NEW, new))
+        new.attrs["complete"] = True
+        self.recover(swap=True)
+
+    def recover(self, swap: bool = False) -> None:
+        """Finish or undo a ``fne/ternary`` replacement a kill interrupted (writers only, under the lock).
+
+        An incomplete ``fne/ternary_new`` is deleted; a complete one replaces ``fne/ternary`` (with
+        ``swap``, or when a kill came between the two renames); a left-over ``fne/ternary_old`` is
+        deleted; ``config``/``provenance`` thresholds are set to those the ternary array carries.
+        """
+        new, old, current = (self.path / n for n in (TERNARY_NEW, TERNARY_OLD, TERNARY))
+        new_complete = self._exists(TERNARY_NEW) and bool(self.group[TERNARY_NEW].attrs.get("complete"))
+        if new.exists() and not new_complete:
+            shutil.rmtree(new)  # killed while writing it: the old array is untouched
+        elif new_complete and (swap or not self._exists(TERNARY)):
+            if current.exists():
+                if old.exists():
+                    shutil.rmtree(old)
+                os.replace(current, old)
+            os.replace(new, current)
+        elif new_complete:
+            shutil.rmtree(new)  # killed before the swap began: keep the old array and its thresholds
+        if old.exists():
+            if self._exists(TERNARY):
+                shutil.rmtree(old)
+            else:  # no replacement to take: put the old array back
+                if current.exists():
+                    shutil.rmtree(current)
+                os.replace(old, current)
+        if self._exists(TERNARY):
+            thresholds = self.group[TERNARY].attrs.get("thresholds")
+            attrs = self.attrs
+            config, prov = dict(attrs.get("config", {})), dict(attrs.get("provenance", {}))
+            if thresholds is not None and (config.get("thresholds") != thresholds
+                                           or prov.get("thresholds") != thresholds):
+                self.set_attrs(config=dict(config, thresholds=thresholds),
+                               provenance=dict(prov, thresholds=thresholds))
 
     # -- writing -----------------------------------------------------------------------------------
     def write_block(self, block: int, arrays: Mapping[str, np.ndarray], valid: np.ndarray,
@@ -213,15 +391,15 @@ class FeatureStore:
         for name, values in arrays.items():
             if values.shape[0] != stop - start:
                 raise ValueError(f"block {block}: {name} has {values.shape[0]} rows, expected {stop - start}")
-            self.group[name][start:stop] = np.asarray(values, dtype=np.float32)
-        self.group["valid"][start:stop] = np.asarray(valid, dtype=bool)
-        self.group["failures"][block] = json.dumps(failures) if failures else ""
-        self.group["blocks_done"][block] = True
+            self.array(name)[start:stop] = np.asarray(values, dtype=np.float32)
+        self.array("valid")[start:stop] = np.asarray(valid, dtype=bool)
+        self.array("failures")[block] = json.dumps(failures) if failures else ""
+        self.array("blocks_done")[block] = True
 
     def block_failures(self) -> list[dict[str, Any]]:
         """Failed images of every block, in row order."""
         out: list[dict[str, Any]] = []
-        for text in self.group["failures"][:]:
+        for text in self.array("failures")[:]:
             if text:
                 out.extend(json.loads(str(text)))
         return sorted(out, key=lambda f: f["imgid"])
@@ -273,15 +451,53 @@ def parse_spec(spec: str) -> tuple[Path, str | None]:
     return Path(spec), None
 
 
-def read_matrix(spec: str) -> tuple[np.ndarray, np.ndarray]:
+def check_store_matches(store: FeatureStore, dataset: PreparedDataset) -> None:
+    """A one-line :class:`UserError` unless ``store``'s rows are those of the prepared ``dataset``.
+
+    The identity is ``images_sha256`` (:meth:`PreparedDataset.images_fingerprint`: the ordered image
+    paths and their splits), recorded in the config and provenance of every store written since it
+    exists: captions and vocabularies may change, images, their order and splits may not. Older
+    stores fall back to ``dataset_sha256`` (the SHA-256 of the whole ``dataset.json``, so a store
+    is then refused after captions were re-prepared), and stores recording neither (written by
+    hand or by tests) to the row count alone. The error names the store, the dataset recorded in
+    it, and ``dataset``.
+    """
+    attrs = store.attrs
+    config, prov = attrs.get("config", {}) or {}, attrs.get("provenance", {}) or {}
+    recorded_at = prov.get("dataset", "an unrecorded dataset")
+    images = config.get("images_sha256") or prov.get("images_sha256")
+    whole = config.get("dataset_sha256") or prov.get("dataset_sha256")
+    if images:
+        mine, what, differ = dataset.images_fingerprint(), "images_sha256", "their images, order or splits"
+    elif whole:
+        images, mine, what = whole, sha256_file(dataset.root / DATASET_FILE), "dataset.json sha256"
+        differ = "their dataset.json files (an older store, identified by the whole file)"
+    else:
+        images, mine, what = str(store.n_rows), str(len(dataset.images)), "rows"
+        differ = "their numbers of images"
+    if images != mine or store.n_rows != len(dataset.images):
+        raise UserError(f"{store.path}: this feature store was made for the prepared dataset {recorded_at} "
+                        f"({what} {images[:12]}), not for {dataset.root} ({what} {mine[:12]}): {differ} "
+                        "differ; extract features for this dataset (or use its own store)")
+
+
+def read_matrix(spec: str, dataset: PreparedDataset | str | os.PathLike | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
     """Read a feature matrix for training: ``(x float32 (N, C), valid bool (N,))``.
 
     ``spec`` is ``"PATH.zarr:global"``, ``"PATH.zarr:fne"`` (the ternary FNE as float32) or
     ``"PATH.zarr:fne_raw"`` (the raw averaged activations); a bare path picks ``global`` if the
     store has it, else ``fne``. Rows of failed images are NaN and ``valid`` is False there.
+    ``dataset`` (a :class:`PreparedDataset` or its folder): refuse a store made for another one
+    (:func:`check_store_matches`). A valid row that is not finite, or a damaged chunk, is a
+    one-line :class:`UserError` pointing to ``features verify``.
     """
     path, key = parse_spec(spec)
     store = FeatureStore(path)
+    if dataset is not None:
+        if not isinstance(dataset, PreparedDataset):
+            dataset = PreparedDataset.load(dataset)
+        check_store_matches(store, dataset)
     store.require_complete()
     if key is None:
         key = "global" if store.has("global") else "fne"
@@ -291,7 +507,28 @@ def read_matrix(spec: str) -> tuple[np.ndarray, np.ndarray]:
                 if store.has(n)]
         raise UserError(f"{path}: no '{key}' features in this store (it has: {', '.join(have) or 'none'})")
     valid = np.asarray(store.array("valid")[:], dtype=bool)
-    x = np.asarray(store.array(name)[:]).astype(np.float32, copy=False)
+    stored = np.asarray(store.array(name)[:])
+    bad = first_nonfinite_row(stored, valid)  # int8 ternary rows are always finite
+    if bad is not None:
+        raise UserError(f"{path}: row {bad} (imgid {bad}) of '{name}' is marked valid but is not finite "
+                        f"(NaN or inf); run `features verify {path} --repair`, then the store's "
+                        "`features` command to recompute it")
+    x = stored.astype(np.float32, copy=False)
     if not valid.all():
         x[~valid] = np.nan
     return x, valid
+
+
+def first_nonfinite_row(x: np.ndarray, valid: np.ndarray, chunk_rows: int = 4096) -> int | None:
+    """The first row of ``x`` (N, C) where ``valid`` (N,) is True but a value is NaN or inf, else None.
+
+    Checked ``chunk_rows`` rows at a time so the boolean temporary stays small.
+    """
+    if x.dtype.kind != "f":
+        return None
+    for start in range(0, x.shape[0], chunk_rows):
+        block = x[start:start + chunk_rows]
+        rows = ~np.isfinite(block).reshape(block.shape[0], -1).all(axis=1) & valid[start:start + chunk_rows]
+        if rows.any():
+            return start + int(np.flatnonzero(rows)[0])
+    return None

@@ -104,16 +104,46 @@ def test_killed_worker_loses_and_duplicates_nothing(cluster, data, reference, tm
 
 
 def test_real_mapper_on_cluster_equals_in_process(cluster, data, tmp_path):
-    base = ["cnn", "--data", str(data), "--cnn", "efficientnet_lite0", "--weights", "none", "--crops", "1",
-            "--input-size", "64", "--block-size", "4", "--device", "cpu", "--no-progress"]
+    """Real EfficientNet-Lite0 ImageNet weights: the same --threads gives bit-identical rows.
+
+    This process runs 3 torch threads, the workers 1 (Dask sets OMP_NUM_THREADS=1); the mapper
+    pins its forward passes to --threads in both. Without that, CPU kernels sum in another order
+    and rows differ in the last bits (up to 6.4e-6 here).
+    """
+    base = ["cnn", "--data", str(data), "--cnn", "efficientnet_lite0", "--weights", "imagenet",
+            "--crops", "1", "--input-size", "128", "--block-size", "4", "--device", "cpu", "--threads", "1",
+            "--no-progress"]
     old = torch.get_num_threads()
-    torch.set_num_threads(1)  # the workers run 1 thread too
+    torch.set_num_threads(3)  # not the run's count: the mapper sets --threads for its calls
     try:
         assert main([*base, "--out", str(tmp_path / "in.zarr")]) == 0
+        assert torch.get_num_threads() == 3  # and restores the caller's afterwards
     finally:
         torch.set_num_threads(old)
     assert main([*base, "--out", str(tmp_path / "dask.zarr"), "--scheduler", cluster.scheduler_address]) == 0
     a, b = FeatureStore(tmp_path / "in.zarr"), FeatureStore(tmp_path / "dask.zarr")
+    assert a.attrs["provenance"]["weights_sha256"].startswith("57934424")
     for name in ("global", "valid", "imgid"):
         np.testing.assert_array_equal(a.array(name)[:], b.array(name)[:])
     assert a.attrs["config"] == b.attrs["config"]
+    assert a.attrs["provenance"]["torch_threads"] == b.attrs["provenance"]["torch_threads"] == 1
+
+
+def test_mapper_runs_its_forward_passes_with_its_thread_count(coco_sample):
+    """What a Dask worker (whose environment says 1 thread) does with ``threads=2``: the network
+    runs with 2 intra-op threads during the call, and the process's count is restored after it."""
+    from features.images import load_image
+    from features.mapper import ImageMapper
+
+    mapper = ImageMapper.from_config({"cnn": "efficientnet_lite0", "weights": "none", "kind": "global",
+                                      "crops": 1, "input_size": 32, "device": "cpu", "threads": 2})
+    seen = []
+    mapper.model.register_forward_hook(lambda *_: seen.append(torch.get_num_threads()))
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        mapper([load_image(sorted((coco_sample / "images").iterdir())[0])])
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(old)
+    assert seen == [2] and mapper.config["threads"] == 2

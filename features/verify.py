@@ -1,0 +1,248 @@
+"""Integrity of a feature store's finished blocks: ``features verify`` and the check made on resume.
+
+A block flagged done promises that its rows are on disk. Two depths check that promise:
+
+- **files** (:func:`check_files`; every ``features cnn|fne`` that resumes a store runs it): for every
+  block flagged done, the chunk file of each per-block array (``imgid``, ``valid``, ``failures``
+  and the extracted rows, ``global`` or ``fne/raw``) exists and is not empty. Only ``stat`` calls,
+  a few per block, no data read: cheap even for a 34 GB FNE store.
+- **values** (:func:`verify_store`, ``features verify``): also decodes every chunk of those blocks
+  (and of ``fne/ternary``, ``fne/mean``, ``fne/std`` of a finished FNE store), checks that valid
+  rows are finite, ternary values are in {-1, 0, 1}, ``imgid`` is the row, and that ``valid`` is
+  False exactly at the images the block's ``failures`` record (imported stores: at least there,
+  since rows of splits never imported are invalid without a failure). This reads the whole store.
+
+``--repair`` clears the completion flag of each damaged block (the next ``features cnn|fne``
+recomputes it) and marks the store incomplete; damage confined to the arrays derived at the end
+(``fne/ternary``, ``fne/mean``, ``fne/std``) only marks the store incomplete, so that the next run
+derives them again without re-extracting. The times of both depths are printed by
+``bench/bench_features.py --verify-rows N``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from features.store import TERNARY, FeatureStore, check_store_matches
+from prep.dataset import PreparedDataset
+from prep.errors import UserError
+from prep.io import exclusive_lock
+
+#: arrays derived from fne/raw after all blocks are in (damage there needs no re-extraction)
+DERIVED = (TERNARY, "fne/mean", "fne/std")
+
+
+@dataclass
+class VerifyReport:
+    """What :func:`verify_store` found: damaged blocks (block -> problems) and store-level problems."""
+
+    store: Path
+    n_blocks: int
+    done: int
+    complete: bool
+    blocks: dict[int, list[str]] = field(default_factory=dict)
+    rows_damaged: set[int] = field(default_factory=set)
+    store_problems: list[str] = field(default_factory=list)
+    repaired: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """No damage found and the store finished."""
+        return not self.blocks and not self.store_problems and self.complete
+
+    def lines(self, limit: int = 20) -> list[str]:
+        """The summary line, then one line per damaged block (at most ``limit``) and store problem."""
+        out = [f"features verify: {self.store}: {self.done}/{self.n_blocks} blocks done, "
+               f"{len(self.blocks)} damaged, {'complete' if self.complete else 'incomplete'}"]
+        for b in sorted(self.blocks)[:limit]:
+            out.append(f"  block {b}: {'; '.join(self.blocks[b])}")
+        if len(self.blocks) > limit:
+            out.append(f"  ... and {len(self.blocks) - limit} more damaged blocks")
+        out.extend(f"  {p}" for p in self.store_problems)
+        return out
+
+
+def row_arrays(store: FeatureStore) -> list[str]:
+    """The arrays every block writes: ``imgid``, ``valid``, ``failures`` and the extracted outputs."""
+    return ["imgid", "valid", "failures", *store.attrs.get("outputs", {})]
+
+
+def check_files(store: FeatureStore, names: list[str] | None = None,
+                blocks: list[int] | None = None) -> dict[int, list[str]]:
+    """Blocks flagged done (or ``blocks``) with a missing or empty chunk file: block -> problems.
+
+    ``stat`` only. Stores written before every chunk was written (no ``empty_chunks_written``
+    attribute) legitimately lack the ``failures`` chunk of a block without failures.
+    """
+    legacy = not store.attrs.get("empty_chunks_written")
+    if blocks is None:
+        blocks = [int(b) for b in np.flatnonzero(_flags(store)[0])]
+    problems: dict[int, list[str]] = {}
+    for name in names or row_arrays(store):
+        if legacy and name == "failures":
+            continue
+        for b, files in store.array(name).chunk_files(blocks).items():
+            for file in files:
+                try:
+                    size = file.stat().st_size
+                except FileNotFoundError:
+                    problems.setdefault(b, []).append(f"{_rel(store, file)} missing")
+                    continue
+                if size == 0:
+                    problems.setdefault(b, []).append(f"{_rel(store, file)} empty")
+    return problems
+
+
+def _rel(store: FeatureStore, file: Path) -> str:
+    return os.path.relpath(file, store.path)
+
+
+def _flags(store: FeatureStore) -> tuple[np.ndarray, dict[int, str]]:
+    """Completion flags, reading a damaged ``blocks_done`` chunk as "not done" (and reporting it)."""
+    arr = store.array("blocks_done")
+    try:
+        return np.asarray(arr[:], dtype=bool), {}
+    except UserError:
+        flags, bad = np.zeros(store.n_blocks, dtype=bool), {}
+        for b in range(store.n_blocks):
+            try:
+                flags[b] = bool(arr[b])
+            except UserError:
+                bad[b] = f"blocks_done/{arr.chunk_key((b,))} unreadable"
+        return flags, bad
+
+
+def _check_values(store: FeatureStore, block: int, outputs: list[str], ternary: bool,
+                  imported: bool) -> tuple[list[str], bool]:
+    """Decode one block's rows and check them; returns the problems and whether rows are damaged."""
+    start, stop = store.block_rows(block)
+    problems: list[str] = []
+    rows_damaged = False
+
+    def read(name: str) -> np.ndarray | None:
+        arr = store.array(name)
+        try:
+            return np.asarray(arr[start:stop] if name != "failures" else arr[block])
+        except UserError:
+            found = arr.damaged_chunk(start, stop) if name != "failures" else None
+            problems.append(f"{found[0]} unreadable ({found[3]})" if found else f"{name} unreadable")
+            return None
+
+    imgid = read("imgid")
+    if imgid is not None and not np.array_equal(imgid, np.arange(start, stop)):
+        problems.append("imgid is not the row number")
+    valid = read("valid")
+    text = read("failures")
+    failed: set[int] | None = None
+    if text is not None:
+        try:
+            failed = {int(f["imgid"]) for f in json.loads(str(text))} if str(text) else set()
+        except (ValueError, TypeError, KeyError):
+            problems.append("failures record is not valid JSON")
+    if valid is not None and failed is not None:
+        wrongly_valid = [i for i in sorted(failed) if start <= i < stop and valid[i - start]]
+        if wrongly_valid:
+            problems.append(f"imgid {_few(wrongly_valid)} recorded as failed but marked valid")
+        if not imported:
+            unexplained = [start + int(k) for k in np.flatnonzero(~valid) if start + int(k) not in failed]
+            if unexplained:
+                problems.append(f"imgid {_few(unexplained)} invalid without a recorded failure")
+    for name in outputs:
+        x = read(name)
+        if x is not None and valid is not None:
+            bad = np.flatnonzero(valid & ~np.isfinite(x).all(axis=1))
+            if len(bad):
+                problems.append(f"{name}: valid rows {_few([start + int(k) for k in bad])} not finite")
+    rows_damaged = bool(problems)
+    if ternary:
+        t = read(TERNARY)
+        if t is not None and not np.isin(t, (-1, 0, 1)).all():
+            problems.append(f"{TERNARY}: values outside {{-1, 0, 1}}")
+    return problems, rows_damaged
+
+
+def _few(ids: list[int], limit: int = 5) -> str:
+    head = ", ".join(str(i) for i in ids[:limit])
+    return head + (f" (+{len(ids) - limit} more)" if len(ids) > limit else "")
+
+
+def _check_statistics(store: FeatureStore) -> list[str]:
+    problems = []
+    for name in ("fne/mean", "fne/std"):
+        if not store.has(name):
+            problems.append(f"{name} missing")
+            continue
+        try:
+            values = np.asarray(store.array(name)[:])
+        except UserError:
+            problems.append(f"{name} unreadable")
+            continue
+        if not np.isfinite(values).all() or (name == "fne/std" and (values < 0).any()):
+            problems.append(f"{name} holds non-finite or negative values")
+    return problems
+
+
+def verify_store(path: str | os.PathLike, data: str | os.PathLike | None = None, repair: bool = False
+                 ) -> VerifyReport:
+    """Check every finished block of the store at ``path`` (files and values; see the module doc).
+
+    ``data``: also check that the store belongs to that prepared dataset. ``repair`` (under the
+    store's writer lock) clears the flags of damaged blocks and marks the store incomplete, after
+    finishing any ``--rethreshold`` a kill interrupted.
+    """
+    path = Path(path)
+    if not repair:
+        return _verify(FeatureStore(path), data)
+    with exclusive_lock(path, "the feature store"):
+        store = FeatureStore(path, mode="r+")
+        store.recover()
+        report = _verify(store, data)
+        rows = sorted(report.rows_damaged)
+        if rows:
+            store.clear_blocks(rows)
+        if report.blocks or report.store_problems:
+            store.set_attrs(complete=False)
+            report.repaired = True
+        return report
+
+
+def _verify(store: FeatureStore, data: str | os.PathLike | None) -> VerifyReport:
+    if data is not None:
+        check_store_matches(store, PreparedDataset.load(data))
+    attrs = store.attrs
+    flags, bad_flags = _flags(store)
+    complete = bool(attrs.get("complete")) and bool(flags.all())
+    report = VerifyReport(store.path, store.n_blocks, int(flags.sum()), complete)
+    for b, problem in bad_flags.items():
+        report.blocks[b] = [problem]
+        report.rows_damaged.add(b)
+    outputs = [n for n in attrs.get("outputs", {}) if store.has(n)]
+    report.store_problems += [f"array '{n}' missing" for n in attrs.get("outputs", {}) if n not in outputs]
+    is_fne = "fne/raw" in outputs
+    ternary = bool(attrs.get("complete")) and is_fne and store.has(TERNARY)
+    if bool(attrs.get("complete")) and is_fne:
+        if not store.has(TERNARY):
+            report.store_problems.append(f"array '{TERNARY}' missing")
+        report.store_problems += _check_statistics(store)
+    done = [int(b) for b in np.flatnonzero(flags)]
+    names = ["imgid", "valid", "failures", *outputs]
+    files = check_files(store, names, done)
+    derived = check_files(store, [TERNARY], done) if ternary else {}
+    imported = attrs.get("config", {}).get("kind") == "import"
+    for b in done:
+        if b in files:
+            report.blocks[b] = files[b] + derived.get(b, [])
+            report.rows_damaged.add(b)
+            continue
+        problems, rows_damaged = _check_values(store, b, outputs, ternary, imported)
+        problems = derived.get(b, []) + problems
+        if problems:
+            report.blocks[b] = problems
+        if rows_damaged:
+            report.rows_damaged.add(b)
+    return report
