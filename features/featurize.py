@@ -57,7 +57,9 @@ class StoreFeaturizer:
         if self.key == "fne":
             self.mean = np.asarray(self.store.array("fne/mean")[:])
             self.std = np.asarray(self.store.array("fne/std")[:])
-            self.thresholds = tuple(self.store.attrs["config"].get("thresholds", (-0.25, 0.15)))
+            # the ternary array carries the thresholds it was made with (see FeatureStore.replace_ternary)
+            thresholds = self.store.array("fne/ternary").attrs.get("thresholds") or config.get("thresholds")
+            self.thresholds = tuple(float(t) for t in thresholds)
 
     def __call__(self, paths: Sequence[str | Path]) -> tuple[np.ndarray, list[dict[str, str]]]:
         """Rows of the images at ``paths`` (unusable images are left out and listed as failures)."""

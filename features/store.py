@@ -481,13 +481,15 @@ def check_store_matches(store: FeatureStore, dataset: PreparedDataset) -> None:
                         "differ; extract features for this dataset (or use its own store)")
 
 
-def read_matrix(spec: str, dataset: PreparedDataset | str | os.PathLike | None = None
-                ) -> tuple[np.ndarray, np.ndarray]:
+def read_matrix(spec: str, dataset: PreparedDataset | str | os.PathLike | None = None,
+                keep_dtype: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Read a feature matrix for training: ``(x float32 (N, C), valid bool (N,))``.
 
     ``spec`` is ``"PATH.zarr:global"``, ``"PATH.zarr:fne"`` (the ternary FNE as float32) or
     ``"PATH.zarr:fne_raw"`` (the raw averaged activations); a bare path picks ``global`` if the
     store has it, else ``fne``. Rows of failed images are NaN and ``valid`` is False there.
+    ``keep_dtype``: return the stored dtype instead (the int8 ternary FNE stays int8, 4x smaller
+    than float32; rows of failed images are then whatever is stored: use ``valid``).
     ``dataset`` (a :class:`PreparedDataset` or its folder): refuse a store made for another one
     (:func:`check_store_matches`). A valid row that is not finite, or a damaged chunk, is a
     one-line :class:`UserError` pointing to ``features verify``.
@@ -513,6 +515,8 @@ def read_matrix(spec: str, dataset: PreparedDataset | str | os.PathLike | None =
         raise UserError(f"{path}: row {bad} (imgid {bad}) of '{name}' is marked valid but is not finite "
                         f"(NaN or inf); run `features verify {path} --repair`, then the store's "
                         "`features` command to recompute it")
+    if keep_dtype:
+        return stored, valid
     x = stored.astype(np.float32, copy=False)
     if not valid.all():
         x[~valid] = np.nan

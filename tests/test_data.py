@@ -203,5 +203,5 @@ def test_a_non_finite_valid_row_is_an_error_naming_the_row(tmp_path) -> None:
     from features.store import FeatureStore
 
     FeatureStore(store, mode="r+").array("global")[5, 2] = np.inf
-    with pytest.raises(UserError, match="feature row 5 .*NaN or infinity"):
+    with pytest.raises(UserError, match="row 5 .*not finite"):
         read_features(f"{store}:global")

@@ -260,3 +260,23 @@ def test_curves_png_and_train_report(data, tmp_path, capsys) -> None:
     assert rows[0]["test"]["rsum"] == pytest.approx(test["rsum"]) and rows[0]["epochs"] == 2
     assert "small" in out and f"{test['rsum']:.1f}" in out
     assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_store_made_for_other_images_is_refused(tmp_path, capsys) -> None:
+    from features.store import FeatureStore
+    from prep.dataset import PreparedDataset
+
+    mine = make_prepared(tmp_path / "mine", n_train=20)
+    store_path = make_store(tmp_path / "feats.zarr", mine)
+    store = FeatureStore(store_path, mode="r+")
+    store.set_attrs(config={"images_sha256": PreparedDataset.load(mine).images_fingerprint()},
+                    provenance={"dataset": str(mine)})
+    other = make_prepared(tmp_path / "other", n_train=20)  # same size and captions, one other image
+    data = json.loads((other / "dataset.json").read_text())
+    data["images"][0]["filename"] = "elsewhere.jpg"
+    (other / "dataset.json").write_text(json.dumps(data))
+    args = ["chain", "--features", f"{store_path}:global", *TINY, "--epochs", "1"]
+    assert train_cli([*args, "--data", str(other), "--out", str(tmp_path / "r1")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(mine) in err and str(other) in err
+    assert train_cli([*args, "--data", str(mine), "--out", str(tmp_path / "r2")]) == 0

@@ -253,28 +253,17 @@ class CaptionSet:
         return Batch(self.images[image_index], tokens, lengths, image_index)
 
 
-def read_features(features: str) -> tuple[np.ndarray, np.ndarray]:
-    """``features.store.read_matrix`` on ``STORE[:key]``: ``(x (N, C) float32, valid (N,) bool)``."""
+def read_features(features: str, dataset: PreparedDataset | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``STORE[:key]`` in its stored dtype: ``(x (N, *feature_shape), valid (N,) bool)``.
+
+    ``features.store.read_matrix`` with ``keep_dtype``: an int8 FNE stays int8 (converted per batch
+    by :class:`ImageRows`). With ``dataset``, a store made for other images is refused; a valid row
+    that is not finite is refused in any case.
+    """
     from features.store import read_matrix  # the feature stage is imported only when features are read
 
-    x, valid = read_matrix(features)
-    x = np.asarray(x)
-    valid = np.asarray(valid, dtype=bool)
-    check_finite_rows(x, valid, features)
-    return x, valid
-
-
-def check_finite_rows(x: np.ndarray, valid: np.ndarray, source: str, block: int = 4096) -> None:
-    """A :class:`UserError` naming the first row marked valid whose features are NaN or infinite."""
-    if not np.issubdtype(x.dtype, np.floating):
-        return
-    for start in range(0, x.shape[0], block):
-        rows = x[start:start + block].reshape(min(block, x.shape[0] - start), -1)
-        bad = valid[start:start + block] & ~np.isfinite(rows).all(axis=1)
-        if bad.any():
-            row = start + int(np.flatnonzero(bad)[0])
-            raise UserError(f"{source}: feature row {row} (imgid {row}) is marked valid but contains NaN or "
-                            "infinity; run `features verify --repair` on the store and finish it again")
+    x, valid = read_matrix(features, dataset, keep_dtype=True)
+    return np.asarray(x), np.asarray(valid, dtype=bool)
 
 
 def load_caption_set(dataset: PreparedDataset, x: np.ndarray | torch.Tensor, valid: np.ndarray, split: str,

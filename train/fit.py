@@ -287,7 +287,7 @@ def _load_data(settings: TrainSection, spec: ModelSpec) -> tuple[CaptionSet, Cap
     """The train and val caption sets, and the run's ``config.json`` content describing them."""
     dataset = PreparedDataset.load(settings.data)
     codec = codec_for(settings, dataset, spec.text_input)
-    x, valid = read_features(settings.features)
+    x, valid = read_features(settings.features, dataset)
     train_set = load_caption_set(dataset, x, valid, "train", settings.lang, settings.max_chars, codec=codec)
     val_set = load_caption_set(dataset, x, valid, "val", settings.lang, settings.max_chars,
                                max_images=settings.val_images, codec=codec)

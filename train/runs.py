@@ -194,7 +194,7 @@ class LoadedRun:
         if self._features is None:
             if not self.settings.features:
                 raise UserError(f"{self.run_dir}: the run's config names no feature store")
-            self._features = read_features(self.settings.features)
+            self._features = read_features(self.settings.features, self.dataset)
         return self._features
 
     @property
