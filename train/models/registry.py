@@ -103,4 +103,4 @@ def encoder_for(settings: Any) -> tuple[str, dict[str, Any]]:
 
 def _load_builtin_models() -> None:
     """Import the model files so that their ``@register_text_encoder`` decorators have run."""
-    from train.models import chain_vse, oecc  # noqa: F401
+    from train.models import chain_vse, oecc, seam, uvs  # noqa: F401
