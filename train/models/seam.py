@@ -51,8 +51,10 @@ Readings where the paper is silent:
   Gram matrix as in Lin et al.), summed over the batch like the contrastive loss and multiplied by
   ``lambda``: ``self.penalty = lambda * sum_b P_b``. SEAM-C has three annotation matrices: their
   penalties are **summed**, so each module is pushed exactly as a single module would be by the
-  same ``lambda``. The released code averages the (unsquared) Frobenius norm over the batch instead,
-  and its SEAM-C penalises the attention output instead of ``A``; we follow the paper's equation.
+  same ``lambda``. The released code averages the unsquared Frobenius norm over the batch instead
+  (its SEAM-C keeps the attention output, not ``A``, for it), and as published never adds it to the
+  loss (only for encoder names starting with ``attentive``, none of its choices, and ``forward_loss``
+  returns the loss without it); we follow the paper's equation.
   With ``lambda = 0`` nothing is computed and ``self.penalty`` is ``None``.
 - **defaults**: ``hops`` 30 for E and 5 for C (each variant's best image-to-text R@1 in table 2),
   30 for G (fixed in section 3.2); ``penalty`` 0 (the released code's default ``att_coef``; tables 3
