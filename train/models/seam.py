@@ -63,7 +63,7 @@ Readings where the paper is silent:
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -248,12 +248,19 @@ class SEAMG(SEAMEncoder):
 VARIANTS: dict[str, type[SEAMEncoder]] = {"E": SEAME, "C": SEAMC, "G": SEAMG}
 
 
-def seam_text_parameters(variant: str, hops: int, vocab_size: int, d: int = JOINT_DIM, **kwargs) -> int:
+def seam_text_parameters(variant: str, hops: int, vocab_size: int, d: int = JOINT_DIM, **kwargs: Any) -> int:
     """Text-side trainable parameters as counted by the paper's table 2: the encoder (word embedding
     included) plus the joint model's text projection ``W_t (d x output_dim)`` with its bias.
 
     Equal to ``parameter_report()["text_encoder"] + ["text_projection"]`` of a joint model built with
     ``text_projection_bias=True``. ``seam_text_parameters("E", 10, 11360) == 6_574_024``.
+
+    Args:
+        variant: ``"E"``, ``"C"`` or ``"G"``.
+        hops: ``h`` of each attention module.
+        vocab_size: words of the vocabulary (11,360 in table 2).
+        d: size of the joint space (rows of ``W_t``).
+        **kwargs: other constructor keywords of the variant (``word_dim``, ``gru_units``, ...).
     """
     encoder = VARIANTS[variant.upper()](vocab_size, hops=hops, **kwargs)
     return encoder.num_parameters() + (encoder.output_dim + 1) * d
