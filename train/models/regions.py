@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from train.models.registry import count_parameters
+from train.models.registry import count_parameters, register_image_encoder
 
 #: name under which phase B registers :class:`NonLocalRegionEncoder` as an image encoder
 IMAGE_ENCODER_NAME = "nonlocal_regions"
@@ -128,6 +128,7 @@ class NonLocalRegionEncoder(nn.Module):
         return count_parameters(self)
 
 
+@register_image_encoder("nonlocal_regions")
 def create_region_encoder(feature_shape: tuple[int, ...], d: int, **kwargs) -> NonLocalRegionEncoder:
-    """The constructor phase B registers (``create_image_encoder("nonlocal_regions", (k, D), d, **kw)``)."""
+    """``create_image_encoder("nonlocal_regions", (k, D), d, **kw)``: the LIWE/CLMR region encoder."""
     return NonLocalRegionEncoder(feature_shape, d, **kwargs)

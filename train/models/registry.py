@@ -187,4 +187,4 @@ def registered_families() -> list[str]:
 
 def _load_builtin_models() -> None:
     """Import the model files so that their ``@register_text_encoder`` decorators have run."""
-    from train.models import chain_vse, liwe, oecc  # noqa: F401
+    from train.models import chain_vse, liwe, oecc, regions, seam, uvs  # noqa: F401
