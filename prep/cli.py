@@ -29,6 +29,7 @@ from prep.dataset import (
     RECORD_FILE,
     SPLITS,
     WORDS_FILE,
+    foreign_entries,
     is_prepared_dataset,
 )
 from prep.errors import UserError, run_cli
@@ -325,14 +326,19 @@ def check_out(out: Path, overwrite: bool) -> None:
     """Refuse an ``--out`` whose replacement would lose anything but a prepared dataset.
 
     A missing or empty folder is used; a prepared dataset (:func:`prep.dataset.is_prepared_dataset`)
-    is replaced only with ``overwrite``; anything else (a file, a folder of other things, a
-    read-only folder) is an error and stays untouched.
+    is replaced only with ``overwrite``, and not when it also holds files prep does not write;
+    anything else (a file, a folder of other things, a read-only folder) is an error and stays
+    untouched.
     """
     if not (out.exists() or out.is_symlink()):
         return
     if not out.is_dir():
         raise UserError(f"{out}: exists and is not a folder; give --out a new or empty folder")
     if is_prepared_dataset(out):
+        foreign = foreign_entries(out)
+        if foreign:
+            raise UserError(f"{out}: a prepared dataset, but it also holds '{foreign[0]}', which prep did "
+                            f"not write; refusing to replace it (move that away, or give another --out)")
         if not overwrite:
             raise UserError(f"{out}: already holds a prepared dataset; add --overwrite to replace it, "
                             f"or give another --out")

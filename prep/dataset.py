@@ -251,24 +251,35 @@ def is_prepared_dataset(path: str | os.PathLike) -> bool:
     """Whether the folder ``path`` was written by ``prep`` (so ``prep --overwrite`` may replace it).
 
     True when it holds :data:`MARKER_FILE`. A folder written before the marker existed counts too
-    when it holds nothing but the prepared files (and, for ``synthetic``, its generated ``images``)
-    and its ``prep.json`` is a prep record.
+    when its ``prep.json`` is a prep record and it holds nothing else prep did not write.
     """
     path = Path(path)
     if not path.is_dir():
         return False
     if (path / MARKER_FILE).is_file():
         return True
+    record = _record_of(path)
+    return "format_version" in record and "prep_version" in record and not foreign_entries(path)
+
+
+def foreign_entries(path: str | os.PathLike) -> list[str]:
+    """Names in the prepared folder ``path`` that ``prep`` does not write (sorted).
+
+    ``prep --overwrite`` refuses to replace a folder holding any: they would be deleted with it.
+    """
+    path = Path(path)
+    written = {DATASET_FILE, CHARS_FILE, WORDS_FILE, RECORD_FILE, MARKER_FILE}
+    if _record_of(path).get("dataset") == "synthetic":
+        written.add("images")  # the generated images
+    return sorted(p.name for p in path.iterdir() if p.name not in written)
+
+
+def _record_of(path: Path) -> dict[str, Any]:
     try:
         record = json.loads((path / RECORD_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    if not isinstance(record, dict) or "format_version" not in record or "prep_version" not in record:
-        return False
-    allowed = {DATASET_FILE, CHARS_FILE, WORDS_FILE, RECORD_FILE}
-    if record.get("dataset") == "synthetic":
-        allowed.add("images")
-    return {p.name for p in path.iterdir()} <= allowed
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def changed_inputs(record: dict[str, Any]) -> list[str]:

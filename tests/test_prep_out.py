@@ -78,14 +78,20 @@ def test_a_folder_or_file_prep_did_not_write_is_never_replaced(tmp_path: Path,
     err = _error([*SYNTH, "--out", str(file), "--overwrite"], capsys)
     assert f"{file}: exists and is not a folder" in err
     assert file.read_text() == "keep"
-    # a prepared dataset with something else put in it is not one any more
+    # a prepared dataset that someone put a file into is not replaced either
     out = tmp_path / "data"
     assert main([*SYNTH, "--out", str(out)]) == 0
-    (out / MARKER_FILE).unlink()
-    assert is_prepared_dataset(out)  # written before the marker existed: prepared files only
     (out / "mine.txt").write_text("x")
+    err = _error([*SYNTH, "--out", str(out), "--overwrite"], capsys)
+    assert f"{out}: a prepared dataset, but it also holds 'mine.txt', which prep did not write" in err
+    # one written before the marker existed: recognised by its prep.json and its files only
+    (out / MARKER_FILE).unlink()
+    assert not is_prepared_dataset(out)
     assert "is not a prepared dataset" in _error([*SYNTH, "--out", str(out), "--overwrite"], capsys)
     assert (out / "mine.txt").read_text() == "x"
+    (out / "mine.txt").unlink()
+    assert is_prepared_dataset(out)
+    assert main([*SYNTH, "--out", str(out), "--overwrite"]) == 0 and (out / MARKER_FILE).is_file()
 
 
 def test_out_must_not_be_contain_or_lie_inside_an_input(tmp_path: Path,
