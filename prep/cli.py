@@ -4,7 +4,10 @@
 source, clean the captions (Unicode NFKC, whitespace collapsed; empty ones dropped and counted),
 check ids, tokenize (spaCy blank tokenizers; Japanese transliterated to Hepburn romaji), look for the
 images on disk, build the train-only vocabularies and write everything into a temporary folder that
-replaces ``--out`` only when all of it succeeded.
+replaces ``--out`` only when all of it succeeded. COCO keeps the first 5 captions of an image
+(:func:`caption_limit`). ``--out`` is replaced only when it is a prepared dataset (the
+``.vse-prepared`` marker) and ``--overwrite`` is given, never when it is, holds or lies inside an
+input (:func:`check_out`, :func:`check_not_input`).
 """
 
 from __future__ import annotations

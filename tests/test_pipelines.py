@@ -173,7 +173,12 @@ def recorded_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[tup
 
     def features(pipe, resume: bool, overwrite: bool) -> None:
         calls.append(("features", resume, overwrite))
-        Path(pipe.features.out).mkdir(exist_ok=True)
+        store = Path(pipe.features.out)
+        made_with = json.loads((store / "crops").read_text()) if store.exists() else pipe.features.crops
+        if made_with != pipe.features.crops and not overwrite:  # as FeatureStore.open_or_create does
+            raise UserError(f"{store}: the existing store was made with other crops")
+        store.mkdir(exist_ok=True)
+        (store / "crops").write_text(str(pipe.features.crops))
 
     def train(pipe, resume: bool, overwrite: bool) -> None:
         calls.append(("train", resume, overwrite))
@@ -240,3 +245,15 @@ def test_a_changed_training_setting_refuses_to_replace_the_run(tmp_path: Path, c
     assert code == 2 and "already holds a run" in err and out.count("up to date") == 2
     write(tmp_path, RUNNER.replace("epochs: 1, out: run", "epochs: 2, out: run2"))
     assert _pipeline(tmp_path, capsys)[0] == 0 and (tmp_path / "run2" / "config.json").is_file()
+
+
+def test_a_refused_stage_keeps_its_state_so_overwrite_applies_next(
+        tmp_path: Path, capsys: pytest.CaptureFixture, recorded_runner: list) -> None:
+    assert _pipeline(tmp_path, capsys)[0] == 0
+    state = (tmp_path / "feats.zarr.stage.json").read_text()
+    write(tmp_path, RUNNER.replace("crops: 1", "crops: 10"))
+    code, _, err = _pipeline(tmp_path, capsys)
+    assert code == 2 and "existing store was made with other crops" in err
+    assert (tmp_path / "feats.zarr.stage.json").read_text() == state  # not "running": nothing to resume
+    code, out, _ = _pipeline(tmp_path, capsys, "--overwrite")
+    assert code == 0 and recorded_runner[-2:] == [("features", False, True), ("train", False, True)]

@@ -169,7 +169,16 @@ def run_pipeline(name: str, file: str | None = None, force: bool = False, until:
         write_json_atomic(state_path, {"pipeline": name, "stage": stage, "fingerprint": fp,
                                        "status": "running", "started": time.time()})
         t0 = time.time()
-        RUNNERS[stage](pipe, resume, overwrite)
+        try:
+            RUNNERS[stage](pipe, resume, overwrite)
+        except UserError:
+            # refused (e.g. a store of other settings): the output is as it was, so is its state;
+            # "running" would make the next run resume it instead of honouring --overwrite
+            if state:
+                write_json_atomic(state_path, state)
+            else:
+                state_path.unlink(missing_ok=True)
+            raise
         write_json_atomic(state_path, {"pipeline": name, "stage": stage, "fingerprint": fp,
                                        "status": "done", "seconds": round(time.time() - t0, 1)})
         print(f"[pipeline {name}] {stage}: done in {time.time() - t0:.1f}s", flush=True)
