@@ -4,16 +4,21 @@
 source, clean the captions (Unicode NFKC, whitespace collapsed; empty ones dropped and counted),
 check ids, tokenize (spaCy blank tokenizers; Japanese transliterated to Hepburn romaji), look for the
 images on disk, build the train-only vocabularies and write everything into a temporary folder that
-replaces ``--out`` only when all of it succeeded.
+replaces ``--out`` only when all of it succeeded. COCO keeps the first 5 captions of an image
+(:func:`caption_limit`). ``--out`` is replaced only when it is a prepared dataset (the
+``.vse-prepared`` marker) and ``--overwrite`` is given, never when it is, holds or lies inside an
+input (:func:`check_out`, :func:`check_not_input`).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from tqdm import tqdm
@@ -23,14 +28,17 @@ from prep.dataset import (
     CHARS_FILE,
     DATASET_FILE,
     FORMAT_VERSION,
+    MARKER_FILE,
     RECORD_FILE,
     SPLITS,
     WORDS_FILE,
+    foreign_entries,
+    is_prepared_dataset,
 )
 from prep.errors import UserError, run_cli
-from prep.io import atomic_directory, sha256_file, write_json_atomic
+from prep.io import atomic_directory, exclusive_lock, remove_stale_siblings, sha256_file, write_json_atomic
 from prep.pipelines import PrepSection, add_pipeline_arguments, stage_settings
-from prep.sources import RawCaption, RawDataset
+from prep.sources import RawCaption, RawDataset, RawImage
 from prep.tokenize import normalize, tokenize, transliterate
 from prep.vocab import build_char_vocabulary, build_word_vocabulary
 
@@ -39,8 +47,8 @@ LIST_FIRST = 10
 _TOKENIZE_CHUNK = 5000
 
 
-def read_source(settings: PrepSection, work_dir: Path) -> RawDataset:
-    """Dispatch to the dataset's reader (``work_dir``: where generated images go)."""
+def read_source(settings: PrepSection, work_dir: Path | None) -> RawDataset:
+    """Dispatch to the dataset's reader (``work_dir``: where generated images go; synthetic only)."""
     s = settings
     if s.dataset == "coco":
         from prep.sources.coco import read_annotations, read_flat, read_karpathy
@@ -78,6 +86,8 @@ def read_source(settings: PrepSection, work_dir: Path) -> RawDataset:
         return read_yjcaptions(s.yj, s.coco_karpathy, s.images, s.val_images, s.test_images, s.seed)
     from prep.sources.synthetic import generate_synthetic
 
+    if work_dir is None:
+        raise ValueError("synthetic: the folder to draw the images into is required")
     return generate_synthetic(work_dir, s.num_images, s.image_size, s.captions_per_image, s.languages, s.seed)
 
 
@@ -125,9 +135,44 @@ class _Cleaner:
         return out
 
 
+def caption_limit(settings: PrepSection) -> int | None:
+    """Captions kept per image and language: the first ``captions_per_image`` for COCO, else all.
+
+    VSE++, SCAN and the papers reproduced here use exactly 5 captions per COCO image; Karpathy's
+    file gives a few images 6 or 7. ``all_captions`` keeps them all. Other datasets are never cut.
+    """
+    if settings.dataset != "coco" or settings.all_captions:
+        return None
+    return settings.captions_per_image
+
+
+def check_image_path(im: RawImage) -> None:
+    """A :class:`UserError` unless the image's ``filepath``/``filename`` stay inside the images root.
+
+    Every later stage opens ``images_root/filepath/filename``; an absolute path or a ``..``
+    component would reach outside the folder given as ``--images``.
+    """
+    for key, value in (("filepath", im.filepath), ("filename", im.filename)):
+        if value is None and key == "filepath":
+            continue
+        if not isinstance(value, str) or not value:
+            raise UserError(f"{im.where}: {key} must be a non-empty string, got {value!r}")
+        if PurePosixPath(value).is_absolute() or PureWindowsPath(value).anchor:
+            raise UserError(f"{im.where}: {key} '{value}' is an absolute path; image paths must be "
+                            f"relative to --images")
+        if ".." in PurePosixPath(value.replace("\\", "/")).parts:
+            raise UserError(f"{im.where}: {key} '{value}' has a '..' component; image paths must stay "
+                            f"inside --images")
+
+
 def build_dataset(raw: RawDataset, settings: PrepSection) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(dataset.json content, record of drops)`` from a source's images, captions and pairs."""
+    """``(dataset.json content, record of drops)`` from a source's images, captions and pairs.
+
+    Captions beyond :func:`caption_limit` (the first ones in the source's order that are not
+    empty are kept) are dropped and counted as ``captions_beyond_K``.
+    """
     cleaner = _Cleaner(settings.lowercase)
+    limit = caption_limit(settings)
     seen_images: dict[str, str] = {}
     seen_sent: dict[tuple[str, Any], str] = {}
     texts: list[tuple[str, str]] = []
@@ -138,6 +183,8 @@ def build_dataset(raw: RawDataset, settings: PrepSection) -> tuple[dict[str, Any
         seen_images[im.key] = im.where
         if im.split not in SPLITS:
             raise UserError(f"{im.where}: unknown split '{im.split}'")
+        check_image_path(im)
+        kept: Counter = Counter()
         for k, cap in enumerate(im.captions):
             where = f"{im.where}: caption {k}"
             if cap.source_id is not None:
@@ -149,9 +196,14 @@ def build_dataset(raw: RawDataset, settings: PrepSection) -> tuple[dict[str, Any
                                     f"{seen_sent[key]})")
                 seen_sent[key] = where
             text = cleaner.clean(cap.text, where)
-            if text is not None:
-                texts.append((cap.lang, text))
-                owners.append((row, cap))
+            if text is None:
+                continue
+            if limit is not None and kept[cap.lang] >= limit:
+                cleaner.dropped[f"captions_beyond_{limit}"] += 1
+                continue
+            kept[cap.lang] += 1
+            texts.append((cap.lang, text))
+            owners.append((row, cap))
     tokenized = cleaner.tokenize(texts, "tokenizing captions")
     images = []
     for row, im in enumerate(raw.images):
@@ -246,13 +298,139 @@ def split_counts(dataset: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return counts
 
 
-def run_prep(settings: PrepSection) -> Path:
-    """Prepare one dataset into ``settings.out`` (replaced only on success); returns the folder."""
+def _given_inputs(settings: PrepSection) -> list[tuple[Path, str]]:
+    """``(resolved path, option)`` of every input path the settings name."""
+    out = []
+    for key in PrepSection.path_fields:
+        value = getattr(settings, key)
+        if key == "out" or value is None:
+            continue
+        for v in value if isinstance(value, list) else [value]:
+            out.append((Path(v).expanduser().resolve(), "--" + key.replace("_", "-")))
+    return out
+
+
+def check_not_input(out: Path, inputs: list[tuple[Path, str]], inside_ok: bool = False) -> None:
+    """A :class:`UserError` if ``out`` is, contains or (unless ``inside_ok``) lies inside an input.
+
+    ``--out`` is replaced as a whole, so an input inside it would be deleted, and one equal to it
+    overwritten.
+    """
+    for path, option in inputs:
+        if out == path or path.is_relative_to(out):
+            raise UserError(f"{out}: --out must not be or contain an input of prep ({path}, given by "
+                            f"{option})")
+        if not inside_ok and out.is_relative_to(path):
+            raise UserError(f"{out}: --out must not lie inside an input of prep ({path}, given by "
+                            f"{option})")
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    """Refuse an ``--out`` whose replacement would lose anything but a prepared dataset.
+
+    A missing or empty folder is used; a prepared dataset (:func:`prep.dataset.is_prepared_dataset`)
+    is replaced only with ``overwrite``, and not when it also holds files prep does not write;
+    anything else (a file, a folder of other things, a read-only folder) is an error and stays
+    untouched.
+    """
+    if not (out.exists() or out.is_symlink()):
+        return
+    if not out.is_dir():
+        raise UserError(f"{out}: exists and is not a folder; give --out a new or empty folder")
+    if is_prepared_dataset(out):
+        foreign = foreign_entries(out)
+        if foreign:
+            raise UserError(f"{out}: a prepared dataset, but it also holds '{foreign[0]}', which prep did "
+                            f"not write; refusing to replace it (move that away, or give another --out)")
+        if not overwrite:
+            raise UserError(f"{out}: already holds a prepared dataset; add --overwrite to replace it, "
+                            f"or give another --out")
+    elif any(out.iterdir()):
+        raise UserError(f"{out}: exists, is not empty and is not a prepared dataset (no {MARKER_FILE}); "
+                        f"refusing to replace it: give a new or empty folder as --out")
+    if not os.access(out, os.W_OK):
+        raise UserError(f"{out}: --out is read-only")
+
+
+def _writes_out(name: Path, out: Path) -> bool:
+    """Whether ``name`` is ``out``, a folder above it, or in a sibling prep writes (lock, temporary)."""
+    if out.is_relative_to(name):
+        return True
+    if name == out.parent or not name.is_relative_to(out.parent):
+        return False
+    first = name.relative_to(out.parent).parts[0]
+    return first == out.name or first.startswith(f".{out.name}.")
+
+
+def _os_error(exc: OSError, out: Path) -> UserError | None:
+    """One line for an ``OSError`` met while preparing ``out``: any failure to write ``--out`` (a
+    read-only folder or file system, a full disk) or a permission denied on an input; ``None``
+    for anything else (a bug: it keeps its traceback)."""
+    why = exc.strerror or str(exc)
+    if not exc.filename:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT):
+            return UserError(f"{out}: cannot write --out ({why})")
+        return None
+    name = Path(exc.filename)
+    if _writes_out(name, out):
+        return UserError(f"{out}: cannot write --out ({why}: {name})")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return UserError(f"{name}: {why}")
+    return None
+
+
+def run_prep(settings: PrepSection, overwrite: bool = False) -> Path:
+    """Prepare one dataset into ``settings.out`` (replaced only on success); returns the folder.
+
+    ``--out`` is checked first (:func:`check_out`, :func:`check_not_input`; the source is read
+    before anything is written, so that its files and images folder are checked too), then
+    written under :func:`prep.io.exclusive_lock`: a second ``prep`` on the same folder is an
+    error, and this one removes the temporary folders that killed runs left next to it.
+    """
     out = Path(settings.out).expanduser().resolve()
+    try:
+        check_not_input(out, _given_inputs(settings))
+        check_out(out, overwrite)
+        raw = None
+        if settings.dataset != "synthetic":  # synthetic draws its images into the new folder
+            raw = read_source(settings, None)
+            check_source_not_out(out, raw, settings)
+        with exclusive_lock(out, "this prepared dataset"):
+            check_out(out, overwrite)  # again, holding the lock: another run may have written it
+            for stale in remove_stale_siblings(out):
+                print(f"prep: removed {stale.name} (left by a killed run)", file=sys.stderr)
+            record = _prepare(settings, out, raw)
+    except OSError as exc:
+        error = _os_error(exc, out)
+        if error is None:
+            raise
+        raise error from None
+    print(summary_line(settings.dataset, record, out))
+    return out
+
+
+def check_source_not_out(out: Path, raw: RawDataset, settings: PrepSection) -> None:
+    """:func:`check_not_input` for the files a reader read and its images folder.
+
+    ``--out`` may lie inside the images root only where that root is a guess (no ``--images``:
+    the annotation file's folder or the working folder), not an images folder.
+    """
+    files = [p.resolve() for p in raw.inputs]
+    check_not_input(out, [(p, "the source") for p in files])
+    root = raw.images_root.resolve()
+    guessed = settings.images is None and root in {p.parent for p in files} | {Path.cwd().resolve()}
+    check_not_input(out, [(root, "the images root")], inside_ok=guessed)
+
+
+def _prepare(settings: PrepSection, out: Path, raw: RawDataset | None) -> dict[str, Any]:
+    """Build and write the dataset into a temporary folder that replaces ``out``; the record.
+
+    ``raw``: the source, already read (``None``: synthetic, generated here into the folder).
+    """
     with atomic_directory(out) as work:
-        raw = read_source(settings, work)
-        generated = raw.images_root == work
-        if generated:
+        generated = raw is None
+        if raw is None:
+            raw = read_source(settings, work)
             raw.images_root = out  # the generated images move with the folder
         dataset, drops = build_dataset(raw, settings)
         missing = find_missing_images(dataset, work if generated else raw.images_root)
@@ -279,8 +457,8 @@ def run_prep(settings: PrepSection) -> Path:
         write_json_atomic(work / CHARS_FILE, chars)
         write_json_atomic(work / WORDS_FILE, words)
         write_json_atomic(work / RECORD_FILE, record)
-    print(summary_line(settings.dataset, record, out))
-    return out
+        write_json_atomic(work / MARKER_FILE, {"format_version": FORMAT_VERSION, "prep_version": __version__})
+    return record
 
 
 def summary_line(name: str, record: dict[str, Any], out: Path) -> str:
@@ -304,7 +482,11 @@ def summary_line(name: str, record: dict[str, Any], out: Path) -> str:
 
 def _common(p: argparse.ArgumentParser, images: bool = True) -> None:
     p.add_argument("--out", metavar="DIR", default=None,
-                   help="output folder of the prepared dataset (replaced only when preparation succeeds)")
+                   help="output folder of the prepared dataset: a new or empty folder, or a prepared "
+                        "dataset with --overwrite (replaced only when preparation succeeds)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing prepared dataset at --out (a folder prep did not write is "
+                        "never replaced)")
     if images:
         p.add_argument("--images", metavar="DIR", default=None,
                        help="folder the images' paths (filepath/filename) are relative to; images not found "
@@ -346,6 +528,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --flat: how many of VAL.json's images form the val split (default 100)")
     p.add_argument("--restval", action=argparse.BooleanOptionalAction, default=None,
                    help="fold the restval images into train (default) or leave them out (--no-restval)")
+    p.add_argument("--captions-per-image", type=int, default=None, metavar="K",
+                   help="keep the first K captions of each image, in the source's order (default 5, as "
+                        "VSE++/SCAN; a few images have 6-7); the others are dropped and counted")
+    p.add_argument("--all-captions", action="store_true", default=None,
+                   help="keep every caption of each image")
     _common(p)
 
     p = sub.add_parser("f8k", help="Flickr8k (token file + split lists, or Karpathy JSON)",
@@ -406,7 +593,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     settings = stage_settings("prep", args, dataset=args.command)
-    run_prep(settings)  # type: ignore[arg-type]
+    run_prep(settings, overwrite=args.overwrite)  # type: ignore[arg-type]
     return 0
 
 

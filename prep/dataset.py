@@ -6,7 +6,8 @@ A prepared dataset is one folder (see ``docs/ARCHITECTURE.md``, "Prepared datase
   ``lang`` on every sentence; images in ``imgid`` order, the row order of every feature array;
 - ``chars.json`` and ``words.json``: the character alphabet and the word vocabulary of the train
   split only, with ``<pad>`` at index 0 and ``<unk>`` at index 1;
-- ``prep.json``: the record of inputs (with SHA-256), options, counts and dropped items.
+- ``prep.json``: the record of inputs (with SHA-256), options, counts and dropped items;
+- ``.vse-prepared``: the marker that ``prep --out --overwrite`` checks before replacing a folder.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ DATASET_FILE = "dataset.json"
 CHARS_FILE = "chars.json"
 WORDS_FILE = "words.json"
 RECORD_FILE = "prep.json"
+#: marker of a folder written by ``prep``: the only kind of non-empty folder ``prep --out`` replaces
+MARKER_FILE = ".vse-prepared"
 PAD = "<pad>"
 UNK = "<unk>"
 PAD_INDEX = 0
@@ -242,6 +245,62 @@ class PreparedDataset:
         for p in self.pairs:
             out[p.split]["pairs"] += 1
         return out
+
+
+def is_prepared_dataset(path: str | os.PathLike) -> bool:
+    """Whether the folder ``path`` was written by ``prep`` (so ``prep --overwrite`` may replace it).
+
+    True when it holds :data:`MARKER_FILE`. A folder written before the marker existed counts too
+    when its ``prep.json`` is a prep record and it holds nothing else prep did not write.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        return False
+    if (path / MARKER_FILE).is_file():
+        return True
+    record = _record_of(path)
+    return "format_version" in record and "prep_version" in record and not foreign_entries(path)
+
+
+def foreign_entries(path: str | os.PathLike) -> list[str]:
+    """Names in the prepared folder ``path`` that ``prep`` does not write (sorted).
+
+    ``prep --overwrite`` refuses to replace a folder holding any: they would be deleted with it.
+    """
+    path = Path(path)
+    written = {DATASET_FILE, CHARS_FILE, WORDS_FILE, RECORD_FILE, MARKER_FILE}
+    if _record_of(path).get("dataset") == "synthetic":
+        written.add("images")  # the generated images
+    return sorted(p.name for p in path.iterdir() if p.name not in written)
+
+
+def _record_of(path: Path) -> dict[str, Any]:
+    try:
+        record = json.loads((path / RECORD_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def changed_inputs(record: dict[str, Any]) -> list[str]:
+    """The inputs of a ``prep.json`` record that differ on disk now: ``"PATH (why)"`` each.
+
+    An input is changed when it is missing, or its size or SHA-256 differs from the record (the
+    size is compared first, so an edit that changes it costs no checksum).
+    """
+    from prep.io import sha256_file
+
+    changed = []
+    for item in record.get("inputs", []):
+        path = Path(item["path"])
+        try:
+            size = path.stat().st_size
+        except OSError:
+            changed.append(f"{path} (missing)")
+            continue
+        if size != item.get("bytes") or sha256_file(path) != item.get("sha256"):
+            changed.append(f"{path} (content changed)")
+    return changed
 
 
 def _check_split(split: str | None) -> None:

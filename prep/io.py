@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -65,6 +66,30 @@ def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterat
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def stale_siblings(final: str | os.PathLike) -> list[Path]:
+    """Temporary siblings of ``final`` that :func:`atomic_directory` leaves when its process is killed.
+
+    They are ``.<name>.XXXXXXXX.partial`` (the folder being written) and ``.<name>.old-PID`` (the
+    previous ``final``, between the two renames). Names of other targets never match, even those
+    starting with ``<name>.``. Only a holder of :func:`exclusive_lock` on ``final`` may remove
+    them: then no live writer owns them.
+    """
+    final = Path(final)
+    pattern = re.compile(rf"\.{re.escape(final.name)}\.(?:[a-z0-9_]{{8}}\.partial|old-\d+)")
+    if not final.parent.is_dir():
+        return []
+    return sorted(p for p in final.parent.iterdir()
+                  if pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink())
+
+
+def remove_stale_siblings(final: str | os.PathLike) -> list[Path]:
+    """Delete :func:`stale_siblings` of ``final`` (call it holding its lock); returns what was removed."""
+    removed = stale_siblings(final)
+    for path in removed:
+        shutil.rmtree(path)
+    return removed
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

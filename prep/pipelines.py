@@ -11,9 +11,11 @@ the explicit command-line value, else the pipeline's value (``--pipeline NAME``)
 schema's default.
 
 Paths in the YAML file are relative to the file's folder; ``${VAR}`` and ``${VAR:-default}``
-are expanded from the environment (e.g. ``${COCO_ROOT}``). Downstream inputs default to upstream
-outputs: ``features.data`` and ``train.data`` to ``prep.out``, ``train.features`` to
-``features.out`` with the key of the feature kind (``:global`` or ``:fne``).
+are expanded from the environment as the shell does (e.g. ``${COCO_ROOT}``; the default also
+replaces an empty variable, and an empty ``${VAR}`` without a default is an error).
+Downstream inputs default to upstream outputs: ``features.data`` and ``train.data`` to
+``prep.out``, ``train.features`` to ``features.out`` with the key of the feature kind
+(``:global`` or ``:fne``).
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ class PrepSection(Section):
     flat_val_images: int = 100
     images: str | None = None
     restval: bool = True
+    #: coco: keep every caption of an image instead of the first ``captions_per_image``
+    all_captions: bool = False
     token_file: str | None = None
     split_dir: str | None = None
     # multi30k
@@ -71,7 +75,9 @@ class PrepSection(Section):
     # synthetic
     num_images: int = 1200
     image_size: int = 128
-    captions_per_image: int = 5
+    #: synthetic: captions drawn per image and language (1..5); coco: the first K kept per image
+    #: (the VSE++/SCAN protocol: 5; Karpathy's file gives a few images 6 or 7)
+    captions_per_image: int = Field(5, ge=1)
     languages: list[str] = Field(default_factory=lambda: ["en", "de", "ja"])
     # common
     seed: int = 0
@@ -229,15 +235,23 @@ def default_pipelines_file() -> Path:
 
 
 def _expand(value: str, where: str, strict: bool) -> str:
+    """``${VAR}`` and ``${VAR:-default}`` of ``value`` expanded as the shell does.
+
+    ``${VAR:-default}`` gives ``default`` when VAR is unset or empty. ``${VAR}`` with VAR unset or
+    empty is a :class:`UserError` naming it (``where`` names the file, pipeline and key) when
+    ``strict`` (the pipeline about to run); otherwise it is left as written.
+    """
     def sub(m: re.Match[str]) -> str:
         name, default = m.group(1), m.group(2)
-        if name in os.environ:
-            return os.environ[name]
+        value = os.environ.get(name, "")
+        if value:
+            return value
         if default is not None:
             return default
         if not strict:  # only the pipeline being run needs its variables
             return m.group(0)
-        raise UserError(f"{where}: environment variable ${{{name}}} is not set")
+        state = "is empty" if name in os.environ else "is not set"
+        raise UserError(f"{where}: environment variable ${{{name}}} {state}")
 
     return _VAR.sub(sub, value)
 

@@ -2,8 +2,9 @@
 
 Runs prep synthetic -> features (real ImageNet EfficientNet-Lite0 weights from the registry
 package) -> train chain -> evaluate in a temporary folder, checks that retrieval is far above
-chance, that a second run skips every stage, and that changing a training option re-runs only
-training and evaluation.
+chance, that a second run skips every stage, that changing a training option re-runs only training
+and evaluation (with ``--overwrite``: the finished run is never replaced without it), and that a
+feature store with another configuration is refused, not deleted.
 """
 
 from __future__ import annotations
@@ -30,9 +31,16 @@ pipelines:
 """
 
 
-def _run(path: Path, capsys: pytest.CaptureFixture[str]) -> str:
-    assert train_main(["pipeline", "small-demo", "--pipelines", str(path)]) == 0
+def _run(path: Path, capsys: pytest.CaptureFixture[str], *options: str) -> str:
+    assert train_main(["pipeline", "small-demo", "--pipelines", str(path), *options]) == 0
     return capsys.readouterr().out
+
+
+def _refused(path: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    assert train_main(["pipeline", "small-demo", "--pipelines", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    return err
 
 
 @pytest.mark.slow
@@ -54,8 +62,20 @@ def test_demo_pipeline_small(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     out = _run(path, capsys)
     assert out.count(": up to date") == 4, out
 
+    # another training setting: the finished run is not replaced without --overwrite
     path.write_text(SMALL.format(epochs=4))
-    out = _run(path, capsys)
+    err = _refused(path, capsys)
+    assert "already holds a run" in err and "train pipeline small-demo --overwrite" in err
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 3
+    out = _run(path, capsys, "--overwrite")
     assert "prep: up to date" in out and "features: up to date" in out
     assert "train: running" in out and "evaluate: running" in out
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 4
+
+    # features with another configuration: the complete store is kept, the stage refused
+    store = tmp_path / "feats.zarr" / "zarr.json"
+    before = store.read_bytes()
+    path.write_text(SMALL.format(epochs=4).replace("crops: 1, resize: 224", "crops: 1, resize: 256"))
+    err = _refused(path, capsys)
+    assert "feats.zarr: the existing store was made with resize=224" in err and "--overwrite" in err
+    assert store.read_bytes() == before

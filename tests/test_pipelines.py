@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
 
+from prep.dataset import PreparedDataset
 from prep.errors import UserError
 from prep.pipelines import (
     FeaturesSection,
@@ -130,3 +132,128 @@ def test_subcommand_must_agree_with_pipeline(tmp_path: Path) -> None:
 def test_wrong_option_type_on_command_line() -> None:
     with pytest.raises(UserError, match="train"):
         stage_settings("train", _args(pipeline=None, out="r", measure="euclid"), family="chain")
+
+
+def test_empty_variables_behave_as_in_the_shell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = GOOD + """
+  needs-env:
+    description: needs a variable
+    prep: {dataset: coco, karpathy: "${VSE_TEST_ROOT}/dataset_coco.json", out: "${VSE_TEST_OUT:-out}/coco"}
+"""
+    path = write(tmp_path, text)
+    monkeypatch.setenv("VSE_TEST_ROOT", "/data/coco")
+    monkeypatch.setenv("VSE_TEST_OUT", "")  # ${VAR:-default}: the default, as for an unset variable
+    assert get_pipeline("needs-env", path).prep.out == str(tmp_path / "out" / "coco")
+    monkeypatch.setenv("VSE_TEST_ROOT", "")  # ${VAR} empty: an error naming it, for the pipeline run only
+    get_pipeline("small", path)
+    with pytest.raises(UserError) as err:
+        get_pipeline("needs-env", path)
+    assert ("pipeline 'needs-env': prep.karpathy: environment variable ${VSE_TEST_ROOT} is empty"
+            in str(err.value))
+
+
+# -- the runner: inputs in the prep fingerprint, no silent replacement of trained work ----------------
+
+RUNNER = """
+pipelines:
+  p:
+    description: a pipeline whose features and training are recorded, not run
+    prep: {dataset: coco, karpathy: karpathy.json, images: images, out: data}
+    features: {kind: cnn, cnn: efficientnet_lite0, weights: none, crops: 1, out: feats.zarr}
+    train: {family: chain, d: 8, epochs: 1, out: run}
+"""
+
+
+@pytest.fixture
+def recorded_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool, bool]]:
+    """Real prep; features and train replaced by recorders that write a store / a run directory."""
+    from train import pipeline
+
+    calls: list[tuple[str, bool, bool]] = []
+
+    def features(pipe, resume: bool, overwrite: bool) -> None:
+        calls.append(("features", resume, overwrite))
+        store = Path(pipe.features.out)
+        made_with = json.loads((store / "crops").read_text()) if store.exists() else pipe.features.crops
+        if made_with != pipe.features.crops and not overwrite:  # as FeatureStore.open_or_create does
+            raise UserError(f"{store}: the existing store was made with other crops")
+        store.mkdir(exist_ok=True)
+        (store / "crops").write_text(str(pipe.features.crops))
+
+    def train(pipe, resume: bool, overwrite: bool) -> None:
+        calls.append(("train", resume, overwrite))
+        Path(pipe.train.out).mkdir(exist_ok=True)
+        (Path(pipe.train.out) / "config.json").write_text("{}")
+
+    monkeypatch.setitem(pipeline.RUNNERS, "features", features)
+    monkeypatch.setitem(pipeline.RUNNERS, "train", train)
+    (tmp_path / "images").mkdir()
+    rows = [{"filename": f"{k}.jpg", "cocoid": k, "split": sp,
+             "sentences": [{"raw": f"a dog {k}", "sentid": k}]}
+            for k, sp in enumerate(("train", "val", "test"))]
+    (tmp_path / "karpathy.json").write_text(json.dumps({"images": rows}))
+    write(tmp_path, RUNNER)
+    return calls
+
+
+def _pipeline(tmp_path: Path, capsys: pytest.CaptureFixture, *options: str) -> tuple[int, str, str]:
+    from train.cli import main as train_main
+
+    code = train_main(["pipeline", "p", "--pipelines", str(tmp_path / "pipelines.yaml"), *options])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_an_edited_input_reruns_prep_and_everything_after_it(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                             recorded_runner: list) -> None:
+    code, out, _ = _pipeline(tmp_path, capsys)
+    assert code == 0 and recorded_runner == [("features", False, False), ("train", False, False)]
+    assert _pipeline(tmp_path, capsys)[1].count("up to date") == 3
+    # same size, other content: the checksum, not the size, tells
+    karpathy = tmp_path / "karpathy.json"
+    karpathy.write_text(karpathy.read_text().replace("a dog 1", "a cat 1"))
+    code, out, err = _pipeline(tmp_path, capsys)
+    assert f"prep: running -> {tmp_path / 'data'} (input changed: {karpathy} (content changed))" in out
+    assert "features: running" in out and recorded_runner[-1] == ("features", False, False)
+    # training has a run there already: refused, never replaced without --overwrite
+    assert code == 2 and err.count("\n") == 1
+    assert (f"{tmp_path / 'run'}: the run directory of pipeline 'p' already holds a run that was made with "
+            "other settings") in err
+    assert "set train.out to a new run folder, or run `train pipeline p --overwrite`" in err
+    assert any(s.raw == "a cat 1" for s in PreparedDataset.load(tmp_path / "data").sentences)
+    code, out, _ = _pipeline(tmp_path, capsys, "--overwrite")
+    assert code == 0 and "prep: up to date" in out and "features: up to date" in out
+    assert recorded_runner[-1] == ("train", False, True)
+    assert _pipeline(tmp_path, capsys)[1].count("up to date") == 3
+
+
+def test_force_replaces_nothing_expensive_without_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                            recorded_runner: list) -> None:
+    assert _pipeline(tmp_path, capsys)[0] == 0
+    code, out, err = _pipeline(tmp_path, capsys, "--force")
+    assert "prep: running" in out and recorded_runner[-1] == ("features", False, False)
+    assert code == 2 and "this pipeline's finished run, which --force replaces only with --overwrite" in err
+    assert _pipeline(tmp_path, capsys, "--force", "--overwrite")[0] == 0
+    assert recorded_runner[-2:] == [("features", False, True), ("train", False, True)]
+
+
+def test_a_changed_training_setting_refuses_to_replace_the_run(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                               recorded_runner: list) -> None:
+    assert _pipeline(tmp_path, capsys)[0] == 0
+    write(tmp_path, RUNNER.replace("epochs: 1", "epochs: 2"))
+    code, out, err = _pipeline(tmp_path, capsys)
+    assert code == 2 and "already holds a run" in err and out.count("up to date") == 2
+    write(tmp_path, RUNNER.replace("epochs: 1, out: run", "epochs: 2, out: run2"))
+    assert _pipeline(tmp_path, capsys)[0] == 0 and (tmp_path / "run2" / "config.json").is_file()
+
+
+def test_a_refused_stage_keeps_its_state_so_overwrite_applies_next(
+        tmp_path: Path, capsys: pytest.CaptureFixture, recorded_runner: list) -> None:
+    assert _pipeline(tmp_path, capsys)[0] == 0
+    state = (tmp_path / "feats.zarr.stage.json").read_text()
+    write(tmp_path, RUNNER.replace("crops: 1", "crops: 10"))
+    code, _, err = _pipeline(tmp_path, capsys)
+    assert code == 2 and "existing store was made with other crops" in err
+    assert (tmp_path / "feats.zarr.stage.json").read_text() == state  # not "running": nothing to resume
+    code, out, _ = _pipeline(tmp_path, capsys, "--overwrite")
+    assert code == 0 and recorded_runner[-2:] == [("features", False, True), ("train", False, True)]

@@ -52,12 +52,17 @@ def test_f8k_vocabulary_is_train_only(flickr8k_dir: Path, tmp_path: Path) -> Non
     assert set(ds.chars.symbols[2:]) == train_chars
 
 
-def test_coco_sample_karpathy(coco_sample: Path, tmp_path: Path) -> None:
+def test_coco_sample_karpathy(coco_sample: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     karpathy = tmp_path / "dataset_coco_sample.json"
     data = karpathy_from_flat(coco_sample / "train.json", coco_sample / "val.json", karpathy)
     assert len(data["images"]) == 801
+    per_image = Counter(len(im["sentences"]) for im in data["images"])
+    assert per_image[6] == 1 and sum(k * n for k, n in per_image.items()) == 4000  # 2 to 6 captions
     out = tmp_path / "coco"
     _prep(["coco", "--karpathy", str(karpathy), "--images", str(coco_sample / "images"), "--out", str(out)])
+    summary = capsys.readouterr().out
+    assert ("train 600 images / 2999 sentences; val 100 images / 497 sentences; test 101 images / 503 "
+            "sentences; 0 pairs; dropped: 1 captions beyond 5;") in summary
     ds = PreparedDataset.load(out)
     assert {sp: c["images"] for sp, c in ds.counts().items()} == {"train": 600, "val": 100, "test": 101}
     assert ds.record["missing_images"]["count"] == 0
@@ -65,15 +70,23 @@ def test_coco_sample_karpathy(coco_sample: Path, tmp_path: Path) -> None:
     first = json.loads((coco_sample / "train.json").read_text())[0]
     assert ds.images[0].cocoid == int(first["image_id"].split("_")[-1].split(".")[0])
     assert ds.sentences[0].raw == first["caption"]
-    assert len(ds.sentences) == 4000
+    # at most 5 captions per image: the first 5 of the image with 6 are kept
+    assert len(ds.sentences) == 3999 and ds.record["dropped"] == {"captions_beyond_5": 1}
+    six = next(im for im in data["images"] if len(im["sentences"]) == 6)
+    kept = [s.raw for s in ds.sentences if s.imgid == six["imgid"]]
+    assert kept == [s["raw"] for s in six["sentences"][:5]]
+    filenames, texts = [im.filename for im in ds.images], [s.raw for s in ds.sentences]
+    _prep(["coco", "--karpathy", str(karpathy), "--images", str(coco_sample / "images"), "--out", str(out),
+           "--overwrite", "--all-captions"])
+    assert len(PreparedDataset.load(out).sentences) == 4000
 
     # the same from the flat lists directly; the inputs recorded are the two flat files
     flat = tmp_path / "coco_flat"
     _prep(["coco", "--flat", str(coco_sample / "train.json"), str(coco_sample / "val.json"),
            "--out", str(flat)])
     ds_flat = PreparedDataset.load(flat)
-    assert [im.filename for im in ds_flat.images] == [im.filename for im in ds.images]
-    assert [s.raw for s in ds_flat.sentences] == [s.raw for s in ds.sentences]
+    assert [im.filename for im in ds_flat.images] == filenames
+    assert [s.raw for s in ds_flat.sentences] == texts
     assert all(im.path.is_file() for im in ds_flat.images)
     recorded = json.dumps(ds_flat.record["inputs"])
     assert "train.json" in recorded and "val.json" in recorded
@@ -99,6 +112,6 @@ def test_coco_official_caption_schema(coco_annotation_samples: Path, tmp_path: P
     assert ds.images[0].filepath == "val2014" and ds.images[0].cocoid == ids[0]
     assert ds.sentences[0].raw == " ".join(real["annotations"][0]["caption"].split())
     _prep(["coco", "--annotations", str(ann_file), "--split-file", str(split_file), "--out", str(out),
-           "--no-restval"])
+           "--no-restval", "--overwrite"])
     ds = PreparedDataset.load(out)
     assert ds.counts()["train"]["images"] == 60 and ds.record["excluded"] == {"restval_images": 20}

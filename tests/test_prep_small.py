@@ -53,7 +53,7 @@ def test_yjcaptions(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert ds.record["notes"]["split_seed"] == 3
     # the same seed gives the same split; the vocabulary has romaji only
     first = [im.split for im in ds.images]
-    assert main(args) == 0
+    assert main([*args, "--overwrite"]) == 0
     assert [im.split for im in PreparedDataset.load(out).images] == first
     assert all(c.isascii() for c in ds.chars.symbols[2:])
 
@@ -135,8 +135,8 @@ def test_empty_captions_dropped_and_missing_images(tmp_path: Path, capsys: pytes
                                                                  "train2014/COCO_train2014_000000000003.jpg"]}
     # --strict: an error, and the earlier output stays as it was
     before = (out / "dataset.json").read_bytes()
-    err = _run(["coco", "--karpathy", str(path), "--images", str(images), "--out", str(out), "--strict"],
-               capsys)
+    err = _run(["coco", "--karpathy", str(path), "--images", str(images), "--out", str(out), "--strict",
+                "--overwrite"], capsys)
     assert "2 of 3 images missing" in err
     assert (out / "dataset.json").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
@@ -145,7 +145,8 @@ def test_empty_captions_dropped_and_missing_images(tmp_path: Path, capsys: pytes
 def test_options_and_help(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     err = _run(["coco", "--out", str(tmp_path / "o")], capsys)
     assert "--karpathy" in err
-    err = _run(["multi30k", "--root", str(tmp_path), "--out", str(tmp_path / "o")], capsys)
+    (tmp_path / "m30k").mkdir()
+    err = _run(["multi30k", "--root", str(tmp_path / "m30k"), "--out", str(tmp_path / "o")], capsys)
     assert "no such file" in err
     with pytest.raises(SystemExit) as exc:
         main(["synthetic", "--help"])
@@ -153,3 +154,160 @@ def test_options_and_help(tmp_path: Path, capsys: pytest.CaptureFixture) -> None
     text = capsys.readouterr().out
     for option in ("--num-images", "--image-size", "--seed", "--pipeline", "--strict", "--min-char-count"):
         assert option in text
+
+
+# -- captions per image (COCO: the first 5, as VSE++/SCAN) ------------------------------------------
+
+CAPTIONS = {1: ["c0", "", "c2", "c3", "c4", "c5", "c6"], 2: [f"d{k}" for k in range(6)],
+            3: ["e0", "e1", "e2"], 4: [f"f{k}" for k in range(5)]}
+SPLIT = {1: "train", 2: "train", 3: "val", 4: "test"}
+
+
+def _images(tmp_path: Path) -> Path:
+    (tmp_path / "images").mkdir(exist_ok=True)
+    return tmp_path / "images"
+
+
+def _coco_inputs(tmp_path: Path) -> dict[str, list[str]]:
+    """The same four images and captions as a Karpathy JSON, official files + split file, flat lists."""
+    karpathy = _karpathy(tmp_path, [_image(c, SPLIT[c], CAPTIONS[c], 10 * c) for c in CAPTIONS])
+    name = {c: f"COCO_train2014_{c:012d}.jpg" for c in CAPTIONS}
+    official = tmp_path / "captions_train2014.json"
+    official.write_text(json.dumps({
+        "images": [{"id": c, "file_name": name[c]} for c in CAPTIONS],
+        "annotations": [{"image_id": c, "id": 10 * c + k, "caption": t}
+                        for c, caps in CAPTIONS.items() for k, t in enumerate(caps)]}))
+    split_file = tmp_path / "splits.json"
+    split_file.write_text(json.dumps({sp: [c for c in CAPTIONS if SPLIT[c] == sp] for sp in ("train", "val",
+                                                                                            "test")}))
+    flat = {}
+    for kind, ids in (("train", [1, 2]), ("val", [3, 4])):
+        flat[kind] = tmp_path / f"{kind}.json"
+        flat[kind].write_text(json.dumps([{"image_path": f"images/{name[c]}", "caption": t,
+                                           "image_id": name[c]} for c in ids for t in CAPTIONS[c]]))
+    return {"karpathy": ["--karpathy", str(karpathy)],
+            "official": ["--annotations", str(official), "--split-file", str(split_file)],
+            "flat": ["--flat", str(flat["train"]), str(flat["val"]), "--flat-val-images", "1"]}
+
+
+@pytest.mark.parametrize("source", ["karpathy", "official", "flat"])
+def test_coco_keeps_the_first_five_captions_of_an_image(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                        source: str) -> None:
+    inputs = [*_coco_inputs(tmp_path)[source], "--images", str(_images(tmp_path))]
+    out = tmp_path / "o"
+    assert main(["coco", *inputs, "--out", str(out)]) == 0
+    assert "dropped: 1 empty captions, 2 captions beyond 5;" in capsys.readouterr().out
+    ds = PreparedDataset.load(out)
+    kept = {im.cocoid: [s.raw for s in ds.sentences if s.imgid == im.imgid] for im in ds.images}
+    # the first five non-empty captions in the source's order; images with fewer keep them all
+    assert kept == {1: ["c0", "c2", "c3", "c4", "c5"], 2: ["d0", "d1", "d2", "d3", "d4"],
+                    3: ["e0", "e1", "e2"], 4: ["f0", "f1", "f2", "f3", "f4"]}
+    assert ds.record["dropped"] == {"empty_captions": 1, "captions_beyond_5": 2}
+    assert ds.record["counts"]["train"]["sentences"] == 10
+
+    assert main(["coco", *inputs, "--out", str(out), "--overwrite", "--all-captions"]) == 0
+    assert "dropped: 1 empty captions;" in capsys.readouterr().out
+    ds = PreparedDataset.load(out)
+    assert len(ds.sentences) == 6 + 6 + 3 + 5 and ds.record["options"]["all_captions"] is True
+
+    assert main(["coco", *inputs, "--out", str(out), "--overwrite", "--captions-per-image", "3"]) == 0
+    dropped = PreparedDataset.load(out).record["dropped"]
+    assert dropped == {"empty_captions": 1, "captions_beyond_3": 3 + 3 + 2}
+
+
+def test_other_datasets_keep_every_caption(tmp_path: Path) -> None:
+    tokens = tmp_path / "Flickr8k.token.txt"
+    tokens.write_text("".join(f"{n}.jpg#{k}\tcaption {k} of {n}\n"
+                              for n in "abc" for k in range(6 if n == "a" else 5)))
+    for name, n in (("train", "a"), ("dev", "b"), ("test", "c")):
+        (tmp_path / f"Flickr_8k.{name}Images.txt").write_text(f"{n}.jpg\n")
+    out = tmp_path / "f8k"
+    assert main(["f8k", "--token-file", str(tokens), "--out", str(out)]) == 0
+    ds = PreparedDataset.load(out)
+    assert [len(im.sentids) for im in ds.images] == [6, 5, 5]
+    assert "captions_beyond_5" not in ds.record["dropped"]
+
+
+# -- ids, encodings and image paths: one-line errors ---------------------------------------------------
+
+@pytest.mark.parametrize("bad", [[1, 2], {"a": 1}])
+def test_an_id_that_is_a_list_or_object_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                             bad: object) -> None:
+    img = _image(2, "train", ["a cat", "a dog"])
+    img["sentences"][1]["sentid"] = bad
+    path = _karpathy(tmp_path, [_image(1, "train", ["a bird"], 10), img])
+    err = _run(["coco", "--karpathy", str(path), "--out", str(tmp_path / "o")], capsys)
+    assert f"{path}: images[1].sentences[1]: field 'sentid' must be an integer or a string id" in err
+    img = _image(2, "train", ["a cat"])
+    img["cocoid"] = bad
+    path = _karpathy(tmp_path, [img], "cocoid.json")
+    assert f"{path}: images[0]: field 'cocoid'" in _run(["coco", "--karpathy", str(path), "--out",
+                                                         str(tmp_path / "o")], capsys)
+    # the Karpathy file of yjcaptions, the ids of a COCO-format caption file and of a split file
+    coco = _karpathy(tmp_path, [_image(1, "train", ["a cat"])], "coco.json")
+    data = json.loads(coco.read_text())
+    data["images"][0]["sentences"][0]["sentid"] = bad
+    coco.write_text(json.dumps(data))
+    err = _run(["yjcaptions", "--yj", str(YJ), "--coco-karpathy", str(coco), "--out", str(tmp_path / "o")],
+               capsys)
+    assert f"{coco}: images[0].sentences[0]: field 'sentid'" in err
+    yj = tmp_path / "yj.json"
+    yj.write_text(json.dumps({"annotations": [{"image_id": 1, "id": bad, "caption": "猫"}]}))
+    err = _run(["yjcaptions", "--yj", str(yj), "--coco-karpathy", str(coco), "--out", str(tmp_path / "o")],
+               capsys)
+    assert f"{yj}: annotations[0]: field 'id'" in err
+    split_file = tmp_path / "bad_splits.json"
+    split_file.write_text(json.dumps({"train": [1, bad]}))
+    official = _coco_inputs(tmp_path)["official"][1]
+    err = _run(["coco", "--annotations", official, "--split-file", str(split_file),
+                "--out", str(tmp_path / "o")], capsys)
+    assert f"{split_file}: train[1]: field 'id'" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_split_lists_that_are_not_utf8_are_one_line_errors(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    tokens = tmp_path / "Flickr8k.token.txt"
+    tokens.write_text("a.jpg#0\ta dog\n")
+    for name in ("train", "dev", "test"):
+        (tmp_path / f"Flickr_8k.{name}Images.txt").write_text("a.jpg\n")
+    bad = tmp_path / "Flickr_8k.devImages.txt"
+    bad.write_bytes(b"caf\xe9.jpg\n")
+    err = _run(["f8k", "--token-file", str(tokens), "--out", str(tmp_path / "o")], capsys)
+    assert err.startswith(f"prep: error: {bad}: not UTF-8 text")
+    split_file = tmp_path / "bad_splits.json"
+    split_file.write_bytes(b'{"train": ["caf\xe9.jpg"]}')
+    official = _coco_inputs(tmp_path)["official"][1]
+    err = _run(["coco", "--annotations", official, "--split-file", str(split_file),
+                "--out", str(tmp_path / "o")], capsys)
+    assert err.startswith(f"prep: error: {split_file}: not UTF-8 text")
+    image_list = tmp_path / "m30k" / "task2" / "image_splits" / "train_images.txt"
+    image_list.parent.mkdir(parents=True)
+    image_list.write_bytes(b"\xff\xfe1.jpg\n")
+    err = _run(["multi30k", "--root", str(tmp_path / "m30k"), "--out", str(tmp_path / "o")], capsys)
+    assert err.startswith(f"prep: error: {image_list}: not UTF-8 text")
+
+
+@pytest.mark.parametrize(("key", "value"), [("filename", "../../etc/passwd"), ("filename", "/etc/passwd"),
+                                            ("filepath", ".."), ("filepath", "train2014/../../x"),
+                                            ("filepath", "/data/coco")])
+def test_image_paths_must_stay_inside_the_images_folder(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                        key: str, value: str) -> None:
+    img = _image(2, "train", ["a cat"], 5)
+    img[key] = value
+    path = _karpathy(tmp_path, [_image(1, "train", ["a dog"]), img])
+    err = _run(["coco", "--karpathy", str(path), "--images", str(_images(tmp_path)), "--out",
+                str(tmp_path / "o")], capsys)
+    assert f"{path}: images[1]: {key} '{value}'" in err
+    assert "absolute path" in err if value.startswith("/") else "'..' component" in err
+
+
+def test_image_paths_of_line_based_sources_are_checked_too(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    tokens = tmp_path / "Flickr8k.token.txt"
+    tokens.write_text("../a.jpg#0\ta dog\nb.jpg#0\ta cat\n")
+    for name, n in (("train", "../a"), ("dev", "b"), ("test", "b")):
+        (tmp_path / f"Flickr_8k.{name}Images.txt").write_text(f"{n}.jpg\n")
+    (tmp_path / "Flickr_8k.testImages.txt").write_text("")
+    err = _run(["f8k", "--token-file", str(tokens), "--out", str(tmp_path / "o")], capsys)
+    assert "Flickr_8k.trainImages.txt: line 1: filename '../a.jpg' has a '..' component" in err

@@ -1,14 +1,25 @@
 """``train pipeline NAME``: run a named pipeline's stages in order, skipping those up to date.
 
-Each stage's *fingerprint* is the SHA-256 of its resolved settings and of the fingerprints of the
-stages before it, so changing an option re-runs that stage and every later one. The runner keeps
-a small state file next to each stage's output (``<out>.stage.json``) holding the fingerprint and
-whether the stage finished:
+Each stage's *fingerprint* is the SHA-256 of its resolved settings and of the fingerprint of the
+stage before it, so changing an option re-runs that stage and every later one. The prep stage's
+fingerprint also covers its inputs: the SHA-256 of every input file, as ``prep.json`` records
+them, so an edited caption file re-runs prep and everything after it. The runner keeps a small
+state file next to each stage's output (``<out>.stage.json``) holding the fingerprint and whether
+the stage finished:
 
-- same fingerprint and finished, output present: skipped;
+- same fingerprint and finished, output present (and, for prep, every recorded input still the
+  same size and SHA-256): skipped;
 - same fingerprint but unfinished (the run was killed): resumed (feature blocks already done and
   the last training checkpoint are kept);
-- a different fingerprint, or an output of unknown origin: recomputed from scratch.
+- otherwise the stage runs again, and never throws away expensive work without ``--overwrite``:
+  prep replaces its own prepared dataset (cheap; a folder prep did not write is never replaced);
+  features resume a store made with the same configuration and refuse one made with another;
+  train refuses a run directory that already holds a run (``config.json``, checkpoints or
+  metrics): give ``train.out`` a new run folder, or pass ``--overwrite`` to replace it.
+
+``--force`` treats every stage as out of date; it implies nothing destructive: prep is re-run,
+a feature store of the same configuration is resumed (only missing blocks are computed), and a
+finished training run is replaced only with ``--overwrite`` as well.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from prep.dataset import RECORD_FILE, changed_inputs
 from prep.errors import UserError
 from prep.io import write_json_atomic
 from prep.pipelines import Pipeline, default_pipelines_file, get_pipeline, load_pipelines
@@ -46,26 +58,26 @@ def _read_state(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _run_prep(pipe: Pipeline, resume: bool) -> None:
+def _run_prep(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
     from prep.cli import run_prep
 
-    run_prep(pipe.prep)
+    run_prep(pipe.prep, overwrite=True)  # the pipeline's own prepared dataset: cheap to redo
 
 
-def _run_features(pipe: Pipeline, resume: bool) -> None:
+def _run_features(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
     from features.cli import run_features
 
-    run_features(pipe.features, overwrite=not resume)
+    run_features(pipe.features, overwrite=overwrite and not resume)
 
 
-def _run_train(pipe: Pipeline, resume: bool) -> None:
+def _run_train(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
     from train.fit import run_training
 
     has_checkpoint = (Path(pipe.train.out) / "checkpoints").is_dir()
-    run_training(pipe.train, resume=resume and has_checkpoint, overwrite=not resume)
+    run_training(pipe.train, resume=resume and has_checkpoint, overwrite=overwrite or resume)
 
 
-def _run_evaluate(pipe: Pipeline, resume: bool) -> None:
+def _run_evaluate(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
     from train.evaluate_cli import evaluate_run
 
     ev = pipe.evaluate
@@ -73,12 +85,39 @@ def _run_evaluate(pipe: Pipeline, resume: bool) -> None:
                  length_analysis=ev.length_analysis, chance=True)
 
 
-RUNNERS: dict[str, Callable[[Pipeline, bool], None]] = {
+#: each stage's runner: ``(pipeline, resume, overwrite)``
+RUNNERS: dict[str, Callable[[Pipeline, bool, bool], None]] = {
     "prep": _run_prep,
     "features": _run_features,
     "train": _run_train,
     "evaluate": _run_evaluate,
 }
+
+
+def holds_run(run_dir: str | Path) -> bool:
+    """Whether ``run_dir`` holds a training run (its config, a checkpoint or metrics)."""
+    from train.runs import CONFIG
+    from train.trainer import METRICS
+
+    run_dir = Path(run_dir)
+    ckpt = run_dir / "checkpoints"
+    return ((run_dir / CONFIG).is_file() or (run_dir / METRICS).is_file()
+            or ckpt.is_dir() and any(ckpt.glob("*.pt")))
+
+
+def _prep_record(out: str) -> dict[str, Any]:
+    """The ``prep.json`` of a prepared dataset (empty when absent or unreadable)."""
+    try:
+        record = json.loads((Path(out) / RECORD_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _prep_inputs_fingerprint(out: str, settings_fp: str) -> str:
+    """The prep stage's fingerprint: its settings' chained with its inputs' SHA-256 (``prep.json``)."""
+    inputs = [[i.get("path"), i.get("sha256")] for i in _prep_record(out).get("inputs", [])]
+    return fingerprint({"inputs": inputs}, settings_fp)
 
 
 def _output_of(pipe: Pipeline, stage: str) -> str:
@@ -87,8 +126,13 @@ def _output_of(pipe: Pipeline, stage: str) -> str:
     return getattr(pipe, stage).out
 
 
-def run_pipeline(name: str, file: str | None = None, force: bool = False, until: str | None = None) -> None:
-    """Run the stages of pipeline ``name`` in order (see the module docstring for skipping)."""
+def run_pipeline(name: str, file: str | None = None, force: bool = False, until: str | None = None,
+                 overwrite: bool = False) -> None:
+    """Run the stages of pipeline ``name`` in order (see the module docstring for skipping).
+
+    ``overwrite`` lets a stage replace a finished training run or a feature store made with other
+    settings; without it those are an error.
+    """
     pipe = get_pipeline(name, file)
     upstream = ""
     last = STAGES.index(until) if until else len(STAGES) - 1
@@ -97,24 +141,48 @@ def run_pipeline(name: str, file: str | None = None, force: bool = False, until:
         if section is None:
             continue
         fp = fingerprint({stage: section.model_dump()}, upstream)
-        upstream = fp
         out = _output_of(pipe, stage)
         state_path = _state_file(out)
         state = _read_state(state_path)
         same = state.get("fingerprint") == fp and Path(out).exists()
+        changed: list[str] = []
         if same and state.get("status") == "done" and not force:
-            print(f"[pipeline {name}] {stage}: up to date ({out})", flush=True)
-            continue
+            if stage == "prep":
+                changed = changed_inputs(_prep_record(out))
+            if not changed:
+                print(f"[pipeline {name}] {stage}: up to date ({out})", flush=True)
+                upstream = _prep_inputs_fingerprint(out, fp) if stage == "prep" else fp
+                continue
         resume = same and state.get("status") == "running" and not force
+        if stage == "train" and not resume and not overwrite and holds_run(out):
+            why = ("was made with other settings, or by another command" if not same else
+                   "is this pipeline's finished run, which --force replaces only with --overwrite")
+            raise UserError(f"{out}: the run directory of pipeline '{name}' already holds a run that {why}; "
+                            f"set train.out to a new run folder, or run `train pipeline {name} --overwrite` "
+                            f"to replace it")
         verb = "resuming" if resume else "running"
-        print(f"[pipeline {name}] {stage}: {verb} -> {out}", flush=True)
+        because = ""
+        if changed:
+            more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
+            because = f" (input changed: {changed[0]}{more})"
+        print(f"[pipeline {name}] {stage}: {verb} -> {out}{because}", flush=True)
         write_json_atomic(state_path, {"pipeline": name, "stage": stage, "fingerprint": fp,
                                        "status": "running", "started": time.time()})
         t0 = time.time()
-        RUNNERS[stage](pipe, resume)
+        try:
+            RUNNERS[stage](pipe, resume, overwrite)
+        except UserError:
+            # refused (e.g. a store of other settings): the output is as it was, so is its state;
+            # "running" would make the next run resume it instead of honouring --overwrite
+            if state:
+                write_json_atomic(state_path, state)
+            else:
+                state_path.unlink(missing_ok=True)
+            raise
         write_json_atomic(state_path, {"pipeline": name, "stage": stage, "fingerprint": fp,
                                        "status": "done", "seconds": round(time.time() - t0, 1)})
         print(f"[pipeline {name}] {stage}: done in {time.time() - t0:.1f}s", flush=True)
+        upstream = _prep_inputs_fingerprint(out, fp) if stage == "prep" else fp
 
 
 def _list(file: str | None) -> None:
@@ -130,7 +198,7 @@ def _command(args: argparse.Namespace) -> int:
         return 0
     if args.until and args.until not in STAGES:
         raise UserError(f"--until must be one of {', '.join(STAGES)}")
-    run_pipeline(args.name, args.pipelines, force=args.force, until=args.until)
+    run_pipeline(args.name, args.pipelines, force=args.force, until=args.until, overwrite=args.overwrite)
     return 0
 
 
@@ -146,7 +214,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pipelines", metavar="FILE", default=None,
                    help="pipelines file (default: $VSE_PIPELINES, ./pipelines.yaml, or the project's)")
     p.add_argument("--list", action="store_true", help="list the pipelines and their stages, then exit")
-    p.add_argument("--force", action="store_true", help="re-run every stage even if up to date")
+    p.add_argument("--force", action="store_true",
+                   help="re-run every stage even if up to date (nothing expensive is replaced without "
+                        "--overwrite)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="let a stage replace a finished training run or a feature store made with other "
+                        "settings (without it, those are an error)")
     p.add_argument("--until", metavar="STAGE", default=None,
                    help=f"stop after this stage ({', '.join(STAGES)})")
     p.set_defaults(func=_command)

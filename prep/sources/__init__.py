@@ -83,6 +83,31 @@ def read_json(path: str | os.PathLike) -> Any:
         raise UserError(f"{path}: line {exc.lineno}, column {exc.colno}: malformed JSON: {exc.msg}") from None
 
 
+def read_text(path: str | os.PathLike) -> str:
+    """A UTF-8 text file's content; a one-line :class:`UserError` if it is absent, a folder or not UTF-8."""
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a folder, expected a text file") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def check_id(value: Any, file: str | os.PathLike, where: str, key: str) -> Any:
+    """``value`` if it can be an id (an int, a string or ``None``); else a one-line :class:`UserError`.
+
+    Ids are compared and hashed (duplicates are looked up), so a list or an object there would
+    otherwise fail deep inside ``prep`` with a traceback.
+    """
+    if value is None or isinstance(value, str) or isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise UserError(f"{file}: {where}: field '{key}' must be an integer or a string id, "
+                    f"got {type(value).__name__} {json.dumps(value)[:40]}")
+
+
 def need(obj: Any, key: str, file: str | os.PathLike, where: str, kind: type | tuple[type, ...] | None = None
          ) -> Any:
     """``obj[key]``, or a one-line :class:`UserError` ``FILE: where: missing field 'key'``."""
@@ -108,7 +133,7 @@ def caption_annotations(data: Any, file: str | os.PathLike, id_kind: type | None
     for k, ann in enumerate(need(data, "annotations", file, "top level", list)):
         where = f"annotations[{k}]"
         image_id = need(ann, "image_id", file, where, int)
-        ann_id = need(ann, "id", file, where, id_kind)
+        ann_id = check_id(need(ann, "id", file, where, id_kind), file, where, "id")
         caption = need(ann, "caption", file, where)
         if ann_id in seen:
             raise UserError(f"{file}: {where}: duplicate annotation id {ann_id} (also at {seen[ann_id]})")

@@ -24,6 +24,7 @@ from prep.sources import (
     RawDataset,
     RawImage,
     caption_annotations,
+    check_id,
     need,
     need_dir,
     need_file,
@@ -69,10 +70,13 @@ def read_karpathy(path: str | os.PathLike, images: str | os.PathLike | None, res
         captions = []
         for j, s in enumerate(need(img, "sentences", path, where, list)):
             sw = f"{where}.sentences[{j}]"
-            captions.append(RawCaption("en", need(s, "raw", path, sw), s.get("sentid")))
-        cocoid = img.get("cocoid")
+            captions.append(RawCaption("en", need(s, "raw", path, sw), check_id(s.get("sentid"), path, sw,
+                                                                                  "sentid")))
+        cocoid = check_id(img.get("cocoid"), path, where, "cocoid")
+        imgid = check_id(img.get("imgid"), path, where, "imgid")
+        ident = cocoid if cocoid is not None else (imgid if imgid is not None else filename)
         out.append(RawImage(
-            key=str(cocoid if cocoid is not None else img.get("imgid", filename)) + ":" + filename,
+            key=f"{ident}:{filename}",
             split=split, filename=filename, filepath=img.get("filepath"), cocoid=cocoid,
             karpathy_split=ksplit if ksplit == "restval" else None, captions=captions,
             where=f"{path}: {where}"))
@@ -154,7 +158,7 @@ def read_split_file(path: Path) -> dict[Any, str]:
                 raise UserError(f"{path}: {where}: unknown split '{split}'")
             out[need(img, "cocoid", path, where, int)] = split
             if "filename" in img:
-                out[img["filename"]] = split
+                out[need(img, "filename", path, where, str)] = split
         return out
     if not isinstance(data, dict) or not set(data) <= set(KARPATHY_SPLITS):
         raise UserError(f"{path}: expected a Karpathy JSON or an object with keys among "
@@ -163,6 +167,7 @@ def read_split_file(path: Path) -> dict[Any, str]:
         if not isinstance(ids, list):
             raise UserError(f"{path}: '{split}': expected a list of COCO ids or file names")
         for k, ident in enumerate(ids):
+            check_id(ident, path, f"{split}[{k}]", "id")
             if ident in out:
                 raise UserError(f"{path}: {split}[{k}]: {ident!r} is listed twice")
             out[ident] = split

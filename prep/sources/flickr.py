@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from prep.errors import UserError
-from prep.sources import RawCaption, RawDataset, RawImage, need_dir, need_file
+from prep.sources import RawCaption, RawDataset, RawImage, need_dir, need_file, read_text
 from prep.sources.coco import read_karpathy
 
 #: official Flickr8k split lists, in image order
@@ -23,10 +23,7 @@ def read_token_file(path: Path) -> dict[str, list[RawCaption]]:
     """Captions per image name from ``Flickr8k.token.txt`` (in file order)."""
     captions: dict[str, list[RawCaption]] = {}
     seen: dict[str, int] = {}
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    text = read_text(path)
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -51,7 +48,7 @@ def read_split_lists(split_dir: Path) -> list[tuple[str, str, str]]:
         path = split_dir / fname
         if not path.is_file():
             raise UserError(f"{path}: no such split list (expected in --split-dir)")
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for lineno, line in enumerate(read_text(path).splitlines(), 1):
             name = line.strip()
             if not name:
                 continue

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from prep.errors import UserError
-from prep.sources import RawCaption, RawDataset, RawImage, RawPair, need_dir
+from prep.sources import RawCaption, RawDataset, RawImage, RawPair, need_dir, read_text
 
 #: split -> (task2 file stem, task1 file stem)
 SPLIT_FILES = {"train": ("train", "train"), "val": ("val", "val"), "test": ("test_2016", "test_2016_flickr")}
@@ -29,12 +29,15 @@ def read_lines(path: Path) -> list[str]:
     """Lines of a text file, gzipped when it ends in ``.gz`` (a :class:`UserError` if absent)."""
     if not path.is_file():
         raise UserError(f"{path}: no such file (expected in the Multi30k layout, see datasets/multi30k.md)")
+    if path.suffix != ".gz":
+        return read_text(path).splitlines()
     try:
-        if path.suffix == ".gz":
-            with gzip.open(path, "rt", encoding="utf-8") as fh:
-                return fh.read().splitlines()
-        return path.read_text(encoding="utf-8").splitlines()
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            return fh.read().splitlines()
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text once decompressed ({exc.reason} at byte {exc.start})"
+                        ) from None
+    except (OSError, EOFError) as exc:
         raise UserError(f"{path}: unreadable ({exc})") from None
 
 

@@ -187,7 +187,7 @@ def generate_synthetic(out_dir: Path, num_images: int, image_size: int, captions
     out: list[RawImage] = []
     from tqdm import tqdm
 
-    for i in tqdm(range(num_images), desc="synthetic images", unit="img", leave=False):
+    for i in tqdm(range(num_images), desc="synthetic images", unit="img", leave=False, disable=None):
         scene = _random_scene(rng)
         img = Image.new("RGB", (image_size, image_size), BACKGROUND)
         draw = ImageDraw.Draw(img)

@@ -21,6 +21,7 @@ from prep.sources import (
     RawImage,
     RawPair,
     caption_annotations,
+    check_id,
     need,
     need_dir,
     need_file,
@@ -33,13 +34,16 @@ def _english_by_cocoid(path) -> dict[int, dict[str, Any]]:
     out: dict[int, dict[str, Any]] = {}
     for k, img in enumerate(need(data, "images", path, "top level", list)):
         where = f"images[{k}]"
-        cocoid = img.get("cocoid")
+        cocoid = check_id(img.get("cocoid"), path, where, "cocoid")
         if cocoid is None:
             continue
-        out[cocoid] = {
-            "filename": need(img, "filename", path, where, str), "filepath": img.get("filepath"),
-            "captions": [RawCaption("en", need(s, "raw", path, f"{where}.sentences[{j}]"), s.get("sentid"))
-                         for j, s in enumerate(need(img, "sentences", path, where, list))]}
+        captions = []
+        for j, s in enumerate(need(img, "sentences", path, where, list)):
+            sw = f"{where}.sentences[{j}]"
+            captions.append(RawCaption("en", need(s, "raw", path, sw), check_id(s.get("sentid"), path, sw,
+                                                                                  "sentid")))
+        out[cocoid] = {"filename": need(img, "filename", path, where, str), "filepath": img.get("filepath"),
+                       "captions": captions}
     return out
 
 
