@@ -130,7 +130,7 @@ def test_subcommand_must_agree_with_pipeline(tmp_path: Path) -> None:
 
 
 def test_wrong_option_type_on_command_line() -> None:
-    with pytest.raises(UserError, match="train"):
+    with pytest.raises(UserError, match="^--measure 'euclid': must be 'order' or 'cosine'$"):
         stage_settings("train", _args(pipeline=None, out="r", measure="euclid"), family="chain")
 
 
