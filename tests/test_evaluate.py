@@ -209,7 +209,7 @@ def test_constant_caption_encoder_scores_worst_not_best(measure: str) -> None:
     assert metrics.i2t.r1 == metrics.i2t.r10 == 0.0 and metrics.i2t.meanr == 500 - 5 + 1
     assert metrics.i2t.ties == 100 and metrics.rsum < 20
     assert any("caption embeddings are constant" in line for line in lines)
-    assert any("i2t 100 of 100 queries (100.0%)" in line for line in lines)
+    assert any("i2t 100 of 100 queries (100.0%, all)" in line for line in lines)
     # constant images: every caption ranks its image last
     results = evaluate_protocols(np.repeat(im[:1], 100, axis=0), cap, ci, measure, ["all"], device="cpu",
                                  log=quiet)
@@ -308,7 +308,7 @@ def test_tie_warning_once_per_evaluation_and_ties_in_the_json() -> None:
     results = evaluate_protocols(im, cap, ci, "cosine", ["1k", "5cv"], fold_size=12, device="cpu",
                                  block_images=5, block_captions=7, log=lines.append)
     assert len(lines) == 1 and lines[0].startswith("warning: the ground-truth score is tied")
-    assert "(1k)" in lines[0] and "(5cv)" in lines[0] and "pessimistic" in lines[0]
+    assert "%, COCO-1k)" in lines[0] and "%, COCO-5cv)" in lines[0] and "pessimistic" in lines[0]
     folds = results["5cv"].fold_ranks
     assert len(folds) == 5 and all(np.count_nonzero(f.ranks.t2i_ties) > 0 for f in folds)
     t2i_ties = sum(int(np.count_nonzero(f.ranks.t2i_ties)) for f in folds)
@@ -626,3 +626,21 @@ def test_cli_ranks_csv_with_topk_on_embeddings_and_sims(tmp_path, capsys) -> Non
     assert code == 2 and "give --ranks" in capsys.readouterr().err
     code = train_main(["evaluate", *runs["sims"], *runs["emb"]])
     assert code == 2 and "not --img-emb/--cap-emb and --sims" in capsys.readouterr().err
+
+
+def test_cli_prints_the_warnings_under_the_table(tmp_path, capsys) -> None:
+    im, cap = random_embeddings(20, 100, 8, "cosine", seed=26)
+    np.save(tmp_path / "img.npy", im)
+    np.save(tmp_path / "const.npy", np.repeat(cap[:1], 100, axis=0))  # a collapsed caption encoder
+    code = train_main(["evaluate", "--img-emb", str(tmp_path / "img.npy"), "--cap-emb",
+                       str(tmp_path / "const.npy"), "--measure", "cosine", "--device", "cpu", "--json",
+                       str(tmp_path / "r.json")])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    table = next(k for k, line in enumerate(lines) if line.startswith("all (20 img)"))
+    warnings = [k for k, line in enumerate(lines) if line.startswith("warning:")]
+    assert len(warnings) == 2 and table < min(warnings) and max(warnings) < len(lines) - 1
+    assert "i2t 20 of 20 queries (100.0%, all)" in lines[warnings[1]]
+    assert lines[-1].startswith("evaluated 20 images x 100 captions")
+    data = json.loads((tmp_path / "r.json").read_text())["all"]
+    assert data["i2t"]["r1"] == 0.0 and data["i2t"]["meanr"] == 96 and data["i2t"]["ties"] == 20

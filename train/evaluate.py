@@ -82,6 +82,8 @@ from prep.errors import UserError
 from train.similarity import similarity
 
 PROTOCOLS = ("1k", "5cv", "5k", "all")
+#: how messages name the protocols (``train.report`` labels table rows the same way)
+PROTOCOL_NAMES = {"1k": "COCO-1k", "5cv": "COCO-5cv", "5k": "COCO-5k", "all": "all"}
 MEASURES = ("order", "cosine")
 RECALL_KS = (1, 5, 10)
 #: ``order_kernel`` values: ``auto`` (by the evaluation's work), or one kernel for every tile
@@ -754,7 +756,8 @@ def _matrix_tiles(sims: np.ndarray, transposed: bool, device: torch.device, row0
             block = sims[col0 + c0:col0 + c1, row0 + i0:row0 + i1].T
         else:
             block = sims[row0 + i0:row0 + i1, col0 + c0:col0 + c1]
-        return torch.from_numpy(np.ascontiguousarray(block, dtype=dtype)).to(device)
+        # a copy: the tile in memory (a memory map's pages are read-only)
+        return torch.from_numpy(np.array(block, dtype=dtype, order="C")).to(device)
 
     return tiles
 
@@ -873,8 +876,8 @@ def _problems(ranks_by_protocol: dict[str, list[Ranks]]) -> list[str]:
             queries = sum(getattr(r, direction).size for r in fold_ranks)
             ties = sum(int(np.count_nonzero(getattr(r, f"{direction}_ties"))) for r in fold_ranks)
             if queries and ties > TIE_WARNING_SHARE * queries:
-                where = f" ({protocol})" if protocol else ""
-                tied.append(f"{direction} {ties} of {queries} queries ({100.0 * ties / queries:.1f}%){where}")
+                where = f", {PROTOCOL_NAMES.get(protocol, protocol)}" if protocol else ""
+                tied.append(f"{direction} {ties} of {queries} queries ({100.0 * ties / queries:.1f}%{where})")
     if tied:
         lines.append(f"warning: the ground-truth score is tied by another candidate in {', '.join(tied)}; "
                      "tied candidates count against the ground truth, so these ranks are pessimistic "

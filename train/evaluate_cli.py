@@ -179,8 +179,14 @@ def report_evaluation(evaluate: Callable[[TileHook, Log], dict[str, ProtocolResu
     """
     t0 = time.perf_counter()
     on_tile, close = _progress_hook(_pairs_total(n_images, caption_image, protocols, fold_size))
+    warnings: list[str] = []
+
+    def log_now_warn_later(line: str) -> None:
+        # warnings qualify the numbers: print them under the table; notes (compiling) right away
+        (warnings.append if line.startswith("warning:") else log)(line)
+
     try:
-        results = evaluate(on_tile, log)
+        results = evaluate(on_tile, log_now_warn_later)
     finally:
         close()
     chance_rows = None
@@ -191,6 +197,8 @@ def report_evaluation(evaluate: Callable[[TileHook, Log], dict[str, ProtocolResu
             f_ci = caption_image[(caption_image >= start) & (caption_image < stop)] - start
             chance_rows[protocol] = chance_metrics(f_ci.numpy(), stop - start)
     log(format_results(results, chance_rows, title))
+    for line in warnings:
+        log(line)
     elapsed = time.perf_counter() - t0
     summary = (f"evaluated {n_images} images x {caption_image.numel()} captions ({what}) under "
                f"{', '.join(protocol_label(p) for p in protocols)} in {elapsed:.1f}s")

@@ -17,13 +17,13 @@ from pathlib import Path
 import numpy as np
 
 from prep.io import atomic_file
-from train.evaluate import DirectionMetrics, ProtocolResult, RetrievalMetrics
+from train.evaluate import PROTOCOL_NAMES, DirectionMetrics, ProtocolResult, RetrievalMetrics
 
 #: columns of the ranks CSV (the last two only with top-K candidates)
 RANKS_COLUMNS = ("protocol", "fold", "direction", "query", "rank", "ties", "ground_truth", "topk",
                  "topk_scores")
 
-PROTOCOL_LABELS = {"1k": "COCO-1k", "5cv": "COCO-5cv", "5k": "COCO-5k", "all": "all"}
+PROTOCOL_LABELS = PROTOCOL_NAMES
 
 _DIRECTION_COLUMNS = ("R@1", "R@5", "R@10", "Med r", "Mean r")
 _WIDTH = 7
