@@ -21,7 +21,7 @@ from train.analysis import (
     parse_ratio_range,
     plot_noise,
 )
-from train.evaluate import ground_truth_ranks, metrics_from_ranks, select_image_rows
+from train.evaluate import ground_truth_ranks, metrics_from_ranks, select_image_rows, vsepp_caption_image
 
 DIM = 512
 
@@ -129,19 +129,35 @@ def test_length_groups_and_restricted_evaluation() -> None:
         length_groups(texts, ci, 40)
 
 
+def fake_run(tmp_path: Path, images: torch.Tensor, texts: list[str], ci: np.ndarray, monkeypatch,
+             embedded: list[str] | None = None) -> None:
+    """``train.runs`` answers with the toy encoder: a run on cosine whose test split is ``images``."""
+    import train.runs as runs
+
+    sentences = [SimpleNamespace(imgid=int(i)) for i in ci]
+    dataset = SimpleNamespace(sentences_of=lambda split, lang: sentences)
+    fake = SimpleNamespace(settings=SimpleNamespace(measure="cosine", order_sqrt=False, data=str(tmp_path),
+                                                    lang="en"),
+                           device=torch.device("cpu"), epoch=3, dataset=dataset)
+    emb = SimpleNamespace(images=images, captions=bigram_encoder(texts), caption_image=torch.from_numpy(ci),
+                          texts=texts)
+
+    def embed_split(run, split):
+        if embedded is not None:
+            embedded.append(split)
+        return emb
+
+    monkeypatch.setattr(runs, "load_run", lambda run_dir, checkpoint, device: fake)
+    monkeypatch.setattr(runs, "embed_split", embed_split)
+    monkeypatch.setattr(runs, "encode_texts", lambda run, t: bigram_encoder(t))
+
+
 def test_evaluate_run_writes_outputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     """``train evaluate --run`` with the run loading replaced by the toy encoder."""
-    import train.runs as runs
     from train.cli import main as train_main
 
     images, texts, ci = toy_dataset(24, 5, seed=3)
-    fake = SimpleNamespace(settings=SimpleNamespace(measure="cosine", order_sqrt=False, data=str(tmp_path)),
-                           device=torch.device("cpu"), epoch=3)
-    emb = SimpleNamespace(images=images, captions=bigram_encoder(texts), caption_image=torch.from_numpy(ci),
-                          texts=texts)
-    monkeypatch.setattr(runs, "load_run", lambda run_dir, checkpoint, device: fake)
-    monkeypatch.setattr(runs, "embed_split", lambda run, split: emb)
-    monkeypatch.setattr(runs, "encode_texts", lambda run, t: bigram_encoder(t))
+    fake_run(tmp_path, images, texts, ci, monkeypatch)
     run_dir = tmp_path / "run"
     code = train_main(["evaluate", "--run", str(run_dir), "--protocol", "1k", "--protocol", "all",
                        "--fold-size", "12", "--noise", "0.05:0.15:0.05", "--length-analysis",
@@ -155,3 +171,50 @@ def test_evaluate_run_writes_outputs(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert (run_dir / "eval" / "noise_test.png").stat().st_size > 1000
     length = json.loads((run_dir / "eval" / "length_test.json").read_text())
     assert set(length) == {"5 longest", "5 shortest"}
+
+
+def test_evaluate_run_checks_the_protocol_before_embedding(tmp_path: Path, monkeypatch, capsys) -> None:
+    from train.cli import main as train_main
+
+    images, texts, ci = toy_dataset(101, 5, seed=4)
+    embedded: list[str] = []
+    fake_run(tmp_path, images, texts, ci, monkeypatch, embedded)
+    code = train_main(["evaluate", "--run", str(tmp_path / "run"), "--protocol", "all,5k"])
+    err = capsys.readouterr().err
+    assert code == 2 and "protocol 5k needs at least 5000 images, the test split has 101" in err
+    code = train_main(["evaluate", "--run", str(tmp_path / "run"), "--length-analysis"])
+    assert code == 2 and "needs at least 200 images" in capsys.readouterr().err
+    assert embedded == []  # nothing was embedded
+    ranks = tmp_path / "ranks.csv"
+    assert train_main(["evaluate", "--run", str(tmp_path / "run"), "--protocol", "all", "--ranks", str(ranks),
+                       "--topk", "3"]) == 0
+    assert embedded == ["test"]
+    rows = ranks.read_text().splitlines()
+    assert rows[0] == "protocol,fold,direction,query,rank,ties,ground_truth,topk,topk_scores"
+    assert len(rows) == 1 + 101 + 505
+    assert rows[1].startswith("all,0,i2t,0,") and rows[102].startswith("all,0,t2i,0,")
+    want = ground_truth_ranks(images, bigram_encoder(texts), ci, "cosine", device="cpu", topk=3)
+    first = rows[1].split(",")
+    assert int(first[4]) == want.i2t[0] and first[6] == "0 1 2 3 4"
+    assert first[7] == " ".join(str(c) for c in want.i2t_topk[0])
+
+
+def test_analyses_use_the_evaluator_and_its_tie_rule(tmp_path: Path) -> None:
+    """Duplicate captions tie: the analyses rank pessimistically and warn, like ``train evaluate``."""
+    images, texts, ci = toy_dataset(30, 2, seed=5)
+    texts = [texts[0]] * len(texts)  # every caption the same text: all candidates tie
+    captions = bigram_encoder(texts)
+    lines: list[str] = []
+    got = length_analysis(images, captions, ci, texts, "cosine", count=10, device="cpu", log=lines.append)
+    for metrics in got.values():
+        assert metrics.i2t.r1 == 0.0 and metrics.i2t.meanr == 20 - 2 + 1  # the worst rank among 10 x 2
+        assert metrics.i2t.ties == 10
+    assert sum("tied by another candidate" in line for line in lines) == 2  # once per evaluated group
+    lines.clear()
+    result = noise_robustness(images, texts, ci, bigram_encoder, "cosine", [0.5], protocol="all",
+                              device="cpu", log=lines.append)
+    assert result.clean.i2t.r1 == 0.0 and result.clean.i2t.ties == 30
+    assert any("caption embeddings are constant" in line for line in lines)
+    ranks = ground_truth_ranks(images, captions, vsepp_caption_image(30, 2), "cosine", device="cpu",
+                               log=lambda line: None)
+    assert metrics_from_ranks(ranks) == result.clean

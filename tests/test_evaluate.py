@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
-import warnings
 
 import numpy as np
 import pytest
@@ -20,32 +20,52 @@ from train.evaluate import (
     chance_metrics,
     default_block_sizes,
     evaluate_protocols,
+    evaluate_similarities,
     ground_truth_ranks,
+    metrics_from_ranks,
     protocol_folds,
     vsepp_caption_image,
 )
 from train.report import format_results, results_json
-from train.similarity import order_violation, similarity
+from train.similarity import similarity
 
 # --------------------------------------------------------------------------- naive reference
 
 
-def naive_ranks(images: np.ndarray, captions: np.ndarray, caption_image: np.ndarray, measure: str,
-                order_sqrt: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Full similarity matrix, then per query a full sort (descending score, ground truth first on ties)."""
-    s = similarity(torch.as_tensor(images), torch.as_tensor(captions), measure, order_sqrt).numpy()
+def full_similarity(images, captions, measure: str, order_sqrt: bool = False) -> np.ndarray:
+    """The whole (N, M) matrix in one call of the eager kernel (the reference scores)."""
+    return similarity(torch.as_tensor(images), torch.as_tensor(captions), measure, order_sqrt,
+                      fused=False).numpy()
+
+
+def naive_ranks_of(s: np.ndarray, caption_image: np.ndarray, gt_last: bool = True
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Per query a full sort of the candidates by descending score; among equal scores the ground truth
+    comes LAST (pessimistic; ``gt_last=False``: first, the optimistic rank). The rank is the 1-based
+    position of the first ground truth."""
     n, m = s.shape
     i2t = np.empty(n, dtype=np.int64)
     for i in range(n):
         is_gt = caption_image == i
-        order = np.lexsort((~is_gt, -s[i]))  # primary: score descending; ties: ground truth first
+        order = np.lexsort((is_gt if gt_last else ~is_gt, -s[i]))
         i2t[i] = np.flatnonzero(is_gt[order])[0] + 1
     t2i = np.empty(m, dtype=np.int64)
     for c in range(m):
         is_gt = np.arange(n) == caption_image[c]
-        order = np.lexsort((~is_gt, -s[:, c]))
+        order = np.lexsort((is_gt if gt_last else ~is_gt, -s[:, c]))
         t2i[c] = np.flatnonzero(is_gt[order])[0] + 1
     return i2t, t2i
+
+
+def naive_ranks(images, captions, caption_image, measure: str, order_sqrt: bool = False):
+    return naive_ranks_of(full_similarity(images, captions, measure, order_sqrt), caption_image)
+
+
+def naive_topk(s: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's k best columns by a dense sort: score descending, lower index first, NaN last."""
+    s = np.where(np.isnan(s), -np.inf, s)
+    order = np.stack([np.lexsort((np.arange(s.shape[1]), -row))[:k] for row in s])
+    return order, np.take_along_axis(s, order, 1)
 
 
 def naive_metrics(ranks: np.ndarray) -> dict[str, float]:
@@ -84,6 +104,48 @@ def correlated(im: np.ndarray, caption_image: np.ndarray, seed: int, measure: st
     return (im[caption_image] + noise).astype(np.float32)
 
 
+def tie_data(seed: int, n: int = 37, d: int = 6, shuffle: bool = True):
+    """Quarter-integer embeddings (every score exact in float32 whatever the summation order, so all
+    kernels agree bit for bit) with many exact ties: duplicate images, captions duplicated across
+    images, and a few captions equal to an image."""
+    rng = np.random.default_rng(seed)
+    ci = np.repeat(np.arange(n), rng.integers(1, 8, size=n))
+    if shuffle:
+        rng.shuffle(ci)  # captions need not be grouped by image
+    im = rng.integers(0, 4, size=(n, d)).astype(np.float32) / 4
+    cap = rng.integers(0, 4, size=(len(ci), d)).astype(np.float32) / 4
+    im[5] = im[9]
+    im[11] = im[12]
+    for a in range(0, 40, 4):  # duplicate captions of different images
+        b = int(np.flatnonzero(ci != ci[a])[a % 7])
+        cap[b] = cap[a]
+    cap[3] = im[ci[3]]
+    return im, cap, ci
+
+
+def quiet(line: str) -> None:
+    """A log that drops the evaluator's warning lines."""
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+@pytest.fixture(params=["cosine", "eager", "blocked", pytest.param("compiled", marks=pytest.mark.skipif(
+    os.environ.get("VSE_TEST_COMPILE", "1") == "0", reason="VSE_TEST_COMPILE=0"))])
+def kernel(request, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    """``(measure, order_kernel)``: cosine, or order with every tile on the named kernel."""
+    if request.param == "cosine":
+        return "cosine", "auto"
+    if request.param == "compiled":
+        monkeypatch.delenv("VSE_NO_COMPILE", raising=False)
+        if similarity_module.fused_backend() == "blocked":
+            monkeypatch.setattr(similarity_module, "_fused_backend", None)
+        similarity_module.prepare_compiled_kernel(6)  # about 12 to 50 s once per process
+        if similarity_module.fused_backend() != "compiled":
+            pytest.fail("torch.compile fell back (see the warning); set VSE_TEST_COMPILE=0 to skip")
+    return "order", request.param
+
+
 # --------------------------------------------------------------------------- ranks
 
 
@@ -103,76 +165,181 @@ def test_ranks_match_naive_sort_vsepp_layout(measure: str, order_sqrt: bool) -> 
     assert stats.max_tile_images <= 7 and stats.max_tile_captions <= 11
 
 
-def test_varying_captions_per_image_and_exact_ties() -> None:
-    rng = np.random.default_rng(3)
-    per_image = rng.integers(1, 8, size=37)
-    ci = np.repeat(np.arange(37), per_image)
-    rng.shuffle(ci)  # captions need not be grouped by image
-    # quarter-integer values: every similarity is exact in float32, so ties are real ties
-    im = rng.integers(0, 4, size=(37, 6)).astype(np.float32) / 4
-    cap = rng.integers(0, 4, size=(len(ci), 6)).astype(np.float32) / 4
-    im[5] = im[9]  # duplicated images and captions tie exactly
-    cap[10] = cap[20]
-    for measure in ("cosine", "order"):
-        s = similarity(torch.as_tensor(im), torch.as_tensor(cap), measure).numpy()
-        assert len(np.unique(s)) < s.size / 4  # many ties
-        ranks = ground_truth_ranks(im, cap, ci, measure, device="cpu", block_images=5, block_captions=9)
-        i2t, t2i = naive_ranks(im, cap, ci, measure)
-        np.testing.assert_array_equal(ranks.i2t, i2t)
-        np.testing.assert_array_equal(ranks.t2i, t2i)
-
-
-@pytest.fixture(params=["blocked", pytest.param("compiled", marks=pytest.mark.skipif(
-    os.environ.get("VSE_TEST_COMPILE", "1") == "0", reason="VSE_TEST_COMPILE=0"))])
-def fused_kernel(request, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every gradient-free CPU order tile takes the fused kernel named by the parameter."""
-    monkeypatch.delenv("VSE_NO_COMPILE", raising=False)
-    monkeypatch.setattr(similarity_module, "_fused_backend", None)
-    monkeypatch.setattr(similarity_module, "_compiled_kernel", None)
-    if request.param == "blocked":
-        monkeypatch.setenv("VSE_NO_COMPILE", "1")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the VSE_NO_COMPILE line
-        order_violation(torch.zeros(2, 3), torch.zeros(2, 3), fused=True)
-    assert similarity_module.fused_backend() == request.param
-    monkeypatch.setattr(similarity_module, "FUSED_MIN_WORK", 0)
-    return request.param
-
-
-def eager_order(images, captions, measure, order_sqrt=False):
-    return order_violation(images, captions, order_sqrt, fused=False)
-
-
-def test_fused_kernels_rank_like_the_naive_sort(fused_kernel: str, monkeypatch) -> None:
-    # exact quarter-integer values with ties: every kernel computes the same float32 scores
-    rng = np.random.default_rng(13)
-    ci = np.repeat(np.arange(41), rng.integers(1, 7, size=41))
-    rng.shuffle(ci)
-    im = rng.integers(0, 4, size=(41, 6)).astype(np.float32) / 4
-    cap = rng.integers(0, 4, size=(len(ci), 6)).astype(np.float32) / 4
-    im[3] = im[8]
-    ranks = ground_truth_ranks(im, cap, ci, "order", device="cpu", block_images=6, block_captions=17)
-    monkeypatch.setitem(globals(), "similarity", eager_order)  # the reference: the eager kernel
-    i2t, t2i = naive_ranks(im, cap, ci, "order")
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("blocks", [(5, 9), (None, None)])
+def test_every_kernel_ranks_exact_ties_like_the_naive_sort(kernel, shuffle, blocks) -> None:
+    measure, order_kernel = kernel
+    im, cap, ci = tie_data(3, shuffle=shuffle)
+    s = full_similarity(im, cap, measure)
+    assert len(np.unique(s)) < s.size / 4  # many ties
+    ranks = ground_truth_ranks(im, cap, ci, measure, device="cpu", block_images=blocks[0],
+                               block_captions=blocks[1], order_kernel=order_kernel, log=quiet)
+    i2t, t2i = naive_ranks_of(s, ci)
     np.testing.assert_array_equal(ranks.i2t, i2t)
     np.testing.assert_array_equal(ranks.t2i, t2i)
-    # continuous values, default tiles: the same ranks as the eager kernel (no near-ties here)
-    ci = vsepp_caption_image(60, 5)
-    im, _ = random_embeddings(60, 300, 64, "order", seed=14)
-    cap = correlated(im, ci, 15, "order")
-    for order_sqrt in (False, True):
-        ranks = ground_truth_ranks(im, cap, ci, "order", order_sqrt, device="cpu")
-        i2t, t2i = naive_ranks(im, cap, ci, "order", order_sqrt)
-        np.testing.assert_array_equal(ranks.i2t, i2t)
-        np.testing.assert_array_equal(ranks.t2i, t2i)
-        assert len(np.unique(t2i)) > 5
+    # the ties: pessimistic minus optimistic rank, per query
+    i2t_opt, t2i_opt = naive_ranks_of(s, ci, gt_last=False)
+    np.testing.assert_array_equal(ranks.i2t_ties, i2t - i2t_opt)
+    np.testing.assert_array_equal(ranks.t2i_ties, t2i - t2i_opt)
+    assert (i2t != i2t_opt).sum() > 5 and (t2i != t2i_opt).sum() > 5  # the rule matters on this data
 
 
-def test_tie_rule_favours_ground_truth() -> None:
+def test_tie_rule_counts_ties_against_the_ground_truth() -> None:
     im = np.ones((4, 3), dtype=np.float32)
     cap = np.ones((8, 3), dtype=np.float32)
-    ranks = ground_truth_ranks(im, cap, vsepp_caption_image(4, 2), "cosine", device="cpu")
-    assert ranks.i2t.tolist() == [1, 1, 1, 1] and ranks.t2i.tolist() == [1] * 8
+    lines: list[str] = []
+    ranks = ground_truth_ranks(im, cap, vsepp_caption_image(4, 2), "cosine", device="cpu", log=lines.append)
+    # i2t: the 6 captions of other images tie; t2i: the 3 other images tie. Own captions never count.
+    assert ranks.i2t.tolist() == [7] * 4 and ranks.t2i.tolist() == [4] * 8
+    assert ranks.i2t_ties.tolist() == [6] * 4 and ranks.t2i_ties.tolist() == [3] * 8
+    m = metrics_from_ranks(ranks)
+    assert m.i2t.r1 == m.t2i.r1 == 0.0 and m.i2t.ties == 4 and m.t2i.ties == 8
+    assert [line.split(":")[0] for line in lines] == ["warning"] * 3  # constant images, captions; ties
+
+
+@pytest.mark.parametrize("measure", ["cosine", "order"])
+def test_constant_caption_encoder_scores_worst_not_best(measure: str) -> None:
+    """Real-valued (inexact) embeddings at the default tiles, as a collapsed model produces them."""
+    ci = vsepp_caption_image(100, 5)
+    im, cap = random_embeddings(100, 500, 64, measure, seed=20)
+    constant = np.repeat(cap[:1], 500, axis=0)
+    lines: list[str] = []
+    results = evaluate_protocols(im, constant, ci, measure, ["all"], device="cpu", log=lines.append)
+    metrics = results["all"].metrics
+    assert metrics.i2t.r1 == metrics.i2t.r10 == 0.0 and metrics.i2t.meanr == 500 - 5 + 1
+    assert metrics.i2t.ties == 100 and metrics.rsum < 20
+    assert any("caption embeddings are constant" in line for line in lines)
+    assert any("i2t 100 of 100 queries (100.0%, all)" in line for line in lines)
+    # constant images: every caption ranks its image last
+    results = evaluate_protocols(np.repeat(im[:1], 100, axis=0), cap, ci, measure, ["all"], device="cpu",
+                                 log=quiet)
+    assert results["all"].metrics.t2i.meanr == 100 and results["all"].metrics.t2i.r10 == 0.0
+
+
+@pytest.mark.parametrize("measure", ["cosine", "order"])
+def test_zero_dimensional_embeddings_rank_worst(measure: str) -> None:
+    ci = np.array([0, 0, 1, 2, 2, 2])
+    ranks = ground_truth_ranks(np.zeros((3, 0), np.float32), np.zeros((6, 0), np.float32), ci, measure,
+                               device="cpu", log=quiet)
+    assert ranks.i2t.tolist() == [5, 6, 4] and ranks.t2i.tolist() == [3] * 6
+
+
+def test_overflow_to_infinity_ranks_like_the_naive_sort(kernel) -> None:
+    measure, order_kernel = kernel
+    im, cap, ci = tie_data(7, shuffle=False)
+    if measure == "cosine":  # products of 3e38 and +-2 overflow to +-inf (one per pair: no inf - inf)
+        im[2, 0] = 3e38
+        cap[::5, 0] = np.where(np.arange(len(cap[::5])) % 2 == 0, 2.0, -2.0)
+        im[::3, 2] = 2.0
+        cap[9, 2] = 3e38
+    else:  # violations of 1e30 overflow to -inf when squared
+        im[2, 0] = 1e30  # lies above every caption there: no violation
+        im[7, 1] = -1e30  # -inf with every caption
+        cap[4, 0] = 1e30  # -inf with every image
+        cap[9, 2] = 1e30
+    s = full_similarity(im, cap, measure)
+    assert np.isinf(s).sum() > 40 and not np.isnan(s).any()
+    for blocks in ((5, 9), (None, None)):
+        ranks = ground_truth_ranks(im, cap, ci, measure, device="cpu", block_images=blocks[0],
+                                   block_captions=blocks[1], order_kernel=order_kernel, log=quiet)
+        i2t, t2i = naive_ranks_of(s, ci)
+        np.testing.assert_array_equal(ranks.i2t, i2t)
+        np.testing.assert_array_equal(ranks.t2i, t2i)
+    if measure == "order":
+        assert ranks.t2i[[c for c in range(len(ci)) if ci[c] == 7]].tolist() == [37] * int((ci == 7).sum())
+
+
+def rule_ranks(s: np.ndarray, caption_image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The documented rule written out, NaN included: a candidate counts unless it scores below."""
+    n, m = s.shape
+    own = caption_image[None, :] == np.arange(n)[:, None]
+    gt = s[caption_image, np.arange(m)]
+    best = np.array([np.max(np.where(np.isnan(s[i, own[i]]), -np.inf, s[i, own[i]])) for i in range(n)])
+    with np.errstate(invalid="ignore"):
+        i2t = 1 + (~(s < best[:, None]) & ~own).sum(1)
+        t2i = 1 + (~(s < gt[None, :]) & ~own).sum(0)
+    return i2t, t2i
+
+
+def test_nan_scores_count_as_ties_against_the_ground_truth() -> None:
+    rng = np.random.default_rng(9)
+    ci = vsepp_caption_image(20, 3)
+    s = rng.normal(size=(20, 60)).astype(np.float32)
+    s[ci, np.arange(60)] += 1.5  # ground truths mostly on top
+    s[4, 30] = np.nan  # a NaN candidate for image 4 and caption 30
+    s[6, 18:21] = np.nan  # every caption of image 6 is NaN: its i2t rank is the worst
+    s[9, 28] = np.nan  # caption 28 (image 9): NaN ground truth, the worst t2i rank
+    s[0, 1] = np.nan  # one of image 0's captions is NaN: its others still rank it
+    lines: list[str] = []
+    got = evaluate_similarities(s, ci, device="cpu", block_images=6, block_captions=7, log=lines.append)
+    ranks = got["all"].fold_ranks[0].ranks
+    i2t, t2i = rule_ranks(s, ci)
+    np.testing.assert_array_equal(ranks.i2t, i2t)
+    np.testing.assert_array_equal(ranks.t2i, t2i)
+    assert ranks.i2t[6] == 60 - 3 + 1 and ranks.t2i[28] == 20 and ranks.nan_scores == 6
+    assert ranks.i2t_ties[4] >= 1 and ranks.t2i_ties[30] >= 1
+    assert sum("6 similarity scores are NaN" in line for line in lines) == 1
+    # an overflowing cosine product (inf - inf) gives NaN scores too, ranked by the same rule
+    im = np.zeros((3, 64), np.float32)
+    im[0], im[1, 0], im[2, 1] = 3e38, 0.5, 0.5
+    cap = np.zeros((4, 64), np.float32)
+    cap[0, :32], cap[0, 32:], cap[1, 0], cap[2, 1], cap[3] = 2, -2, 1, 1, 0.25
+    ci = np.array([0, 1, 2, 2])
+    s = full_similarity(im, cap, "cosine")  # one tile: the evaluator's own scores
+    assert np.isnan(s[0, 0]) and np.isinf(s[0, 3])
+    ranks = ground_truth_ranks(im, cap, ci, "cosine", device="cpu", log=quiet)
+    i2t, t2i = rule_ranks(s, ci)
+    assert ranks.i2t.tolist() == i2t.tolist() and ranks.t2i.tolist() == t2i.tolist()
+    assert ranks.i2t[0] == 4 and ranks.t2i[0] == 3  # a NaN ground truth: the worst ranks
+    assert ranks.nan_scores == 1
+
+
+def test_tie_warning_once_per_evaluation_and_ties_in_the_json() -> None:
+    ci = vsepp_caption_image(60, 5)
+    im, _ = random_embeddings(60, 300, 16, "cosine", seed=21)
+    cap = correlated(im, ci, 22, "cosine")
+    lines: list[str] = []
+    results = evaluate_protocols(im, cap, ci, "cosine", ["1k", "5cv"], fold_size=12, device="cpu",
+                                 block_images=5, block_captions=7, log=lines.append)
+    assert lines == [] and results["5cv"].metrics.i2t.ties == 0  # continuous scores: no ties, no warning
+    for a in range(0, 60, 6):  # in every fold a duplicated image and a caption copied to another image
+        im[a + 1] = im[a]
+        cap[5 * a + 10] = cap[5 * a]
+    results = evaluate_protocols(im, cap, ci, "cosine", ["1k", "5cv"], fold_size=12, device="cpu",
+                                 block_images=5, block_captions=7, log=lines.append)
+    assert len(lines) == 1 and lines[0].startswith("warning: the ground-truth score is tied")
+    assert "%, COCO-1k)" in lines[0] and "%, COCO-5cv)" in lines[0] and "pessimistic" in lines[0]
+    folds = results["5cv"].fold_ranks
+    assert len(folds) == 5 and all(np.count_nonzero(f.ranks.t2i_ties) > 0 for f in folds)
+    t2i_ties = sum(int(np.count_nonzero(f.ranks.t2i_ties)) for f in folds)
+    assert results["5cv"].metrics.t2i.ties == t2i_ties  # summed over the folds
+    data = results_json(results)
+    assert data["5cv"]["t2i"]["ties"] == t2i_ties and data["1k"]["t2i"]["ties"] >= 1
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_topk_matches_a_dense_argsort(shuffle: bool) -> None:
+    im, cap, ci = tie_data(11, shuffle=shuffle)
+    cap[6, 0] = 1e30  # -inf with every image: ties at the bottom
+    s = full_similarity(im, cap, "order")
+    for k, blocks in ((4, (5, 9)), (10, (None, None)), (60, (6, 13))):
+        ranks = ground_truth_ranks(im, cap, ci, "order", device="cpu", block_images=blocks[0],
+                                   block_captions=blocks[1], topk=k, log=quiet)
+        want, want_scores = naive_topk(s, min(k, s.shape[1]))
+        np.testing.assert_array_equal(ranks.i2t_topk, want)
+        np.testing.assert_array_equal(ranks.i2t_topk_scores, want_scores)
+        want, want_scores = naive_topk(s.T, min(k, s.shape[0]))
+        np.testing.assert_array_equal(ranks.t2i_topk, want)
+        np.testing.assert_array_equal(ranks.t2i_topk_scores, want_scores)
+    assert ranks.t2i_topk.shape == (len(ci), 37)  # K larger than the candidates: all of them
+
+
+def test_topk_nan_scores_come_last() -> None:
+    s = np.array([[0.5, np.nan, 0.5, 0.2], [np.nan, np.nan, 0.1, 0.9]], np.float32)
+    got = evaluate_similarities(s, np.array([0, 0, 1, 1]), device="cpu", topk=4, log=quiet)
+    ranks = got["all"].fold_ranks[0].ranks
+    assert ranks.i2t_topk.tolist() == [[0, 2, 3, 1], [3, 2, 0, 1]]
+    assert ranks.i2t_topk_scores[0, -1] == -np.inf
 
 
 @pytest.mark.parametrize("measure", ["cosine", "order"])
@@ -197,9 +364,9 @@ def test_protocol_metrics_match_naive(measure: str, protocol: str) -> None:
 def test_every_pair_is_scored_once_in_bounded_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     shapes = []
 
-    def recording_similarity(images, captions, measure, order_sqrt=False):
+    def recording_similarity(images, captions, measure, order_sqrt=False, **kernel):
         shapes.append((images.shape[0], captions.shape[0]))
-        return similarity(images, captions, measure, order_sqrt)
+        return similarity(images, captions, measure, order_sqrt, **kernel)
 
     monkeypatch.setattr(ev, "similarity", recording_similarity)
     n, m = 50, 250
@@ -211,9 +378,37 @@ def test_every_pair_is_scored_once_in_bounded_tiles(monkeypatch: pytest.MonkeyPa
     im, cap = random_embeddings(n, m, 8, "order", seed=6)
     ground_truth_ranks(im, cap, vsepp_caption_image(n), "order", device="cpu", block_images=8,
                        block_captions=32, on_tile=on_tile)
-    assert (seen == 1).all()  # the counting pass covers the matrix exactly once
+    assert (seen == 1).all()  # the counting covers the matrix exactly once
     assert max(a for a, _ in shapes) <= 8 and max(b for _, b in shapes) <= 32
     assert all(a * b <= 8 * 32 for a, b in shapes)  # never a whole row, column or the N x M matrix
+    # only the home tiles of row blocks with several caption chunks are computed twice (here 1/7)
+    assert n * m < sum(a * b for a, b in shapes) <= 1.2 * n * m
+
+
+def test_order_kernel_is_decided_once_per_evaluation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many small tiles whose total work passes the threshold compile (once); a small evaluation does not."""
+    calls: list[dict] = []
+    prepared: list[int] = []
+
+    def recording_similarity(images, captions, measure, order_sqrt=False, **kernel):
+        calls.append(kernel)
+        return similarity(images, captions, measure, order_sqrt, fused=True, compile=False)
+
+    monkeypatch.setattr(ev, "similarity", recording_similarity)
+    monkeypatch.setattr(similarity_module, "prepare_compiled_kernel",
+                        lambda dim, log=None: prepared.append(dim))
+    ci = vsepp_caption_image(60, 5)
+    im, cap = random_embeddings(60, 300, 16, "order", seed=23)
+    work = 5 * 12 * 60 * 16  # the 5cv folds' pairs x d
+    monkeypatch.setattr(similarity_module, "COMPILE_MIN_WORK", work + 1)
+    evaluate_protocols(im, cap, ci, "order", ["5cv"], fold_size=12, device="cpu", block_images=4,
+                       block_captions=8)
+    assert prepared == [] and len(calls) > 40 and all(c == {"fused": True, "compile": None} for c in calls)
+    calls.clear()
+    monkeypatch.setattr(similarity_module, "COMPILE_MIN_WORK", work)  # each tile is far below it
+    evaluate_protocols(im, cap, ci, "order", ["5cv"], fold_size=12, device="cpu", block_images=4,
+                       block_captions=8)
+    assert prepared == [16] and all(c == {"fused": True, "compile": True} for c in calls)
 
 
 def test_default_blocks_bound_memory_at_5k_by_8192() -> None:
@@ -221,7 +416,7 @@ def test_default_blocks_bound_memory_at_5k_by_8192() -> None:
     for dim in (1024, 8192):
         order = default_block_sizes("order", dim, cpu)
         assert order.images * order.captions <= 1 << 23  # the fused kernel's memory: the tile
-        # ... and the tile is large enough to take the fused kernel (no N x M x d broadcast)
+        # ... and the tile is large enough for the fused kernels to pay their per-call overhead
         assert order.images * order.captions * dim >= similarity_module.FUSED_MIN_WORK
     cos = default_block_sizes("cosine", 8192, cpu)
     assert cos.images * cos.captions <= 1 << 23  # one float32 tile of at most 32 MB
@@ -242,10 +437,17 @@ def test_bad_inputs_are_user_errors() -> None:
     bad[7, 1] = np.nan
     with pytest.raises(UserError, match="NaN"):
         ground_truth_ranks(im, bad, ci, "cosine", device="cpu")
+    bad[7, 1] = np.inf
+    with pytest.raises(UserError, match="infinity .first at row 7"):
+        evaluate_protocols(im, bad, ci, "cosine", device="cpu")
     with pytest.raises(UserError, match="differ in size"):
         ground_truth_ranks(im, cap[:, :3], ci, "cosine", device="cpu")
     with pytest.raises(UserError, match="unknown protocol"):
         protocol_folds("10k", 10)
+    with pytest.raises(UserError, match="block-images must be at least 1"):
+        ground_truth_ranks(im, cap, ci, "cosine", device="cpu", block_images=0)
+    with pytest.raises(UserError, match="unknown order kernel"):
+        ground_truth_ranks(im, cap, ci, "order", device="cpu", order_kernel="fast")
 
 
 def test_chance_metrics_match_simulated_random_rankings() -> None:
@@ -263,6 +465,62 @@ def test_chance_metrics_match_simulated_random_rankings() -> None:
     assert chance.t2i.meanr == pytest.approx(sim_t2i.mean(), rel=0.1)
 
 
+# --------------------------------------------------------------------------- precomputed similarities
+
+
+class RecordingMatrix:
+    """A read-only (N, M) matrix that records every block read from it (like a memory map would serve)."""
+
+    def __init__(self, data: np.ndarray) -> None:
+        self.data, self.shape, self.dtype, self.ndim = data, data.shape, data.dtype, data.ndim
+        self.reads: list[int] = []
+
+    def __getitem__(self, key):
+        block = self.data[key]
+        self.reads.append(block.size)
+        return block
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_similarity_matrix_ranks_like_its_embeddings(dtype) -> None:
+    ci = vsepp_caption_image(66, 5)
+    im, _ = random_embeddings(66, 330, 12, "order", seed=24)
+    cap = correlated(im, ci, 25, "order")
+    s = full_similarity(im, cap, "order").astype(dtype)
+    matrix = RecordingMatrix(s)
+    got = evaluate_similarities(matrix, ci, ["5cv", "all"], fold_size=12, device="cpu", block_images=5,
+                                block_captions=13, topk=3, log=quiet)
+    assert max(matrix.reads) <= 5 * 13  # read tile by tile, never whole
+    exact = s.astype(np.float64)  # the scores the evaluator sees: float16 rounds, and makes ties
+    for protocol in ("5cv", "all"):
+        for fold in got[protocol].fold_ranks:
+            keep = fold.caption_index
+            fold_s = exact[fold.start:fold.stop][:, keep]
+            i2t, t2i = naive_ranks_of(fold_s, ci[keep] - fold.start)
+            np.testing.assert_array_equal(fold.ranks.i2t, i2t)
+            np.testing.assert_array_equal(fold.ranks.t2i, t2i)
+            np.testing.assert_array_equal(fold.ranks.i2t_topk, naive_topk(fold_s, 3)[0])
+    if dtype == np.float32:  # the same scores as the embeddings' own evaluation
+        want = evaluate_protocols(im, cap, ci, "order", ["5cv", "all"], fold_size=12, device="cpu")
+        assert got["5cv"].metrics == want["5cv"].metrics and got["all"].metrics == want["all"].metrics
+    if dtype == np.float64:
+        assert got["all"].fold_ranks[0].ranks.i2t_topk_scores.dtype == np.float64  # never rounded down
+    transposed = RecordingMatrix(np.ascontiguousarray(s.T))
+    again = evaluate_similarities(transposed, ci, ["all"], device="cpu", block_images=5, block_captions=13,
+                                  transposed=True, log=quiet)
+    assert again["all"].metrics == got["all"].metrics and max(transposed.reads) <= 5 * 13
+
+
+def test_similarity_matrix_errors() -> None:
+    ci = vsepp_caption_image(4, 5)
+    with pytest.raises(UserError, match="transposed"):
+        evaluate_similarities(np.zeros((20, 4), np.float32), ci)
+    with pytest.raises(UserError, match="float16/32/64"):
+        evaluate_similarities(np.zeros((4, 20), np.int32), ci)
+    with pytest.raises(UserError, match="grouped by image"):
+        evaluate_similarities(np.zeros((4, 20), np.float32), ci[::-1].copy())
+
+
 # --------------------------------------------------------------------------- report and CLI
 
 
@@ -275,7 +533,7 @@ def test_json_shape_and_table() -> None:
     assert list(data) == ["1k", "all"]
     for entry in data.values():
         assert set(entry) == {"i2t", "t2i", "rsum"}
-        assert set(entry["i2t"]) == set(entry["t2i"]) == {"r1", "r5", "r10", "medr", "meanr"}
+        assert set(entry["i2t"]) == set(entry["t2i"]) == {"r1", "r5", "r10", "medr", "meanr", "ties"}
     table = format_results(results, {"1k": chance_metrics(ci[:60], 12)})
     assert "COCO-1k" in table and "chance (1k)" in table and "all (24 img)" in table
     assert f"{results['1k'].metrics.rsum:.1f}" in table
@@ -303,3 +561,86 @@ def test_cli_on_vsepp_files(tmp_path, capsys) -> None:
     code = train_main(["evaluate", "--img-emb", str(tmp_path / "short.npy"), "--cap-emb",
                        str(tmp_path / "cap.npy"), "--measure", "order"])
     assert code == 2 and "29 images x 5 captions per image != 150" in capsys.readouterr().err
+
+
+def read_ranks(path) -> list[dict[str, str]]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_cli_ranks_csv_with_topk_on_embeddings_and_sims(tmp_path, capsys) -> None:
+    im, cap, ci = tie_data(12, n=30, shuffle=False)
+    ci_k = vsepp_caption_image(30, 3)  # the CLI's layout: k captions per image
+    cap = cap[:90]
+    cap[3] = im[1]
+    np.save(tmp_path / "img.npy", im)
+    np.save(tmp_path / "cap.npy", cap)
+    s = full_similarity(im, cap, "cosine")
+    np.save(tmp_path / "sims.npy", s)
+    np.save(tmp_path / "sims_t.npy", np.ascontiguousarray(s.T))
+    common = ["--captions-per-image", "3", "--protocol", "5cv,all", "--fold-size", "6", "--topk", "4",
+              "--device", "cpu", "--block-images", "4", "--block-captions", "5"]
+    runs = {"emb": ["--img-emb", str(tmp_path / "img.npy"), "--cap-emb", str(tmp_path / "cap.npy"),
+                    "--measure", "cosine"],
+            "sims": ["--sims", str(tmp_path / "sims.npy")],
+            "sims_t": ["--sims", str(tmp_path / "sims_t.npy"), "--sims-transposed"]}
+    tables = {}
+    for name, source in runs.items():
+        path = tmp_path / f"{name}.csv"
+        assert train_main(["evaluate", *source, *common, "--ranks", str(path)]) == 0
+        out = capsys.readouterr().out
+        assert f"wrote {5 * (6 + 18) + 30 + 90} query rows" in out
+        tables[name] = read_ranks(path)
+    assert tables["emb"] == tables["sims"] == tables["sims_t"]
+    rows = tables["emb"]
+    assert list(rows[0]) == ["protocol", "fold", "direction", "query", "rank", "ties", "ground_truth", "topk",
+                             "topk_scores"]
+    i2t, t2i = naive_ranks_of(s, ci_k)
+    i2t_opt, _ = naive_ranks_of(s, ci_k, gt_last=False)
+    top_captions, top_scores = naive_topk(s, 4)
+    top_images, _ = naive_topk(s.T, 4)
+    everything = [r for r in rows if r["protocol"] == "all"]
+    for r in everything:
+        q = int(r["query"])
+        if r["direction"] == "i2t":
+            assert int(r["rank"]) == i2t[q] and int(r["ties"]) == i2t[q] - i2t_opt[q]
+            assert r["ground_truth"] == f"{3 * q} {3 * q + 1} {3 * q + 2}"
+            assert [int(x) for x in r["topk"].split()] == top_captions[q].tolist()
+            assert [np.float32(x) for x in r["topk_scores"].split()] == top_scores[q].tolist()
+        else:
+            assert int(r["rank"]) == t2i[q] and r["ground_truth"] == str(q // 3)
+            assert [int(x) for x in r["topk"].split()] == top_images[q].tolist()
+    assert len(everything) == 120 and sum(int(r["ties"]) > 0 for r in everything) > 3
+    # a 5cv fold: its own candidates only, indices still rows of the inputs
+    fold = [r for r in rows if r["protocol"] == "5cv" and r["fold"] == "2"]
+    fold_i2t, _ = naive_ranks_of(s[12:18, 36:54], ci_k[36:54] - 12)
+    assert [int(r["query"]) for r in fold if r["direction"] == "i2t"] == list(range(12, 18))
+    assert [int(r["rank"]) for r in fold if r["direction"] == "i2t"] == fold_i2t.tolist()
+    assert all(36 <= int(x) < 54 for r in fold if r["direction"] == "i2t" for x in r["topk"].split())
+
+    code = train_main(["evaluate", "--sims", str(tmp_path / "sims_t.npy"), "--captions-per-image", "3"])
+    assert code == 2 and "transposed; give --sims-transposed" in capsys.readouterr().err
+    code = train_main(["evaluate", *runs["sims"], "--captions-per-image", "3", "--measure", "cosine"])
+    assert code == 2 and "drop --measure" in capsys.readouterr().err
+    code = train_main(["evaluate", *runs["sims"], "--captions-per-image", "3", "--topk", "5"])
+    assert code == 2 and "give --ranks" in capsys.readouterr().err
+    code = train_main(["evaluate", *runs["sims"], *runs["emb"]])
+    assert code == 2 and "not --img-emb/--cap-emb and --sims" in capsys.readouterr().err
+
+
+def test_cli_prints_the_warnings_under_the_table(tmp_path, capsys) -> None:
+    im, cap = random_embeddings(20, 100, 8, "cosine", seed=26)
+    np.save(tmp_path / "img.npy", im)
+    np.save(tmp_path / "const.npy", np.repeat(cap[:1], 100, axis=0))  # a collapsed caption encoder
+    code = train_main(["evaluate", "--img-emb", str(tmp_path / "img.npy"), "--cap-emb",
+                       str(tmp_path / "const.npy"), "--measure", "cosine", "--device", "cpu", "--json",
+                       str(tmp_path / "r.json")])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    table = next(k for k, line in enumerate(lines) if line.startswith("all (20 img)"))
+    warnings = [k for k, line in enumerate(lines) if line.startswith("warning:")]
+    assert len(warnings) == 2 and table < min(warnings) and max(warnings) < len(lines) - 1
+    assert "i2t 20 of 20 queries (100.0%, all)" in lines[warnings[1]]
+    assert lines[-1].startswith("evaluated 20 images x 100 captions")
+    data = json.loads((tmp_path / "r.json").read_text())["all"]
+    assert data["i2t"]["r1"] == 0.0 and data["i2t"]["meanr"] == 96 and data["i2t"]["ties"] == 20

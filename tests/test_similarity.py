@@ -106,6 +106,7 @@ def fresh_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     """No fused kernel chosen yet, whatever earlier tests did; restored afterwards."""
     monkeypatch.setattr(similarity_module, "_fused_backend", None)
     monkeypatch.setattr(similarity_module, "_compiled_kernel", None)
+    monkeypatch.setattr(similarity_module, "_compiled_ready", set())
     monkeypatch.delenv("VSE_NO_COMPILE", raising=False)
 
 
@@ -124,7 +125,7 @@ def test_blocked_kernel_equals_eager(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_fused_path_is_taken_only_for_large_gradient_free_cpu_blocks(monkeypatch, fresh_backend):
     calls = []
 
-    def spy(images, captions):
+    def spy(images, captions, compile=None):
         calls.append(tuple(images.shape) + (captions.shape[0],))
         return similarity_module._squared_violation_blocked(images, captions)
 
@@ -153,14 +154,14 @@ def assert_blocked_fallback_taken_once(images, captions, out, sqrt: bool = False
                                rtol=FUSED_RTOL, atol=FUSED_ATOL)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # only once
-        order_violation(images, captions, sqrt=sqrt, fused=True)
+        order_violation(images, captions, sqrt=sqrt, fused=True, compile=True)
 
 
 def test_no_compile_uses_the_blocked_kernel_with_one_warning(monkeypatch, fresh_backend):
     monkeypatch.setenv("VSE_NO_COMPILE", "1")
     images, captions = order_inputs(20, 90, 64)
     with pytest.warns(RuntimeWarning, match="VSE_NO_COMPILE"):
-        out = order_violation(images, captions, fused=True)
+        out = order_violation(images, captions, fused=True, compile=True)
     assert_blocked_fallback_taken_once(images, captions, out, sqrt=True)
 
 
@@ -171,7 +172,7 @@ def test_compile_failure_falls_back_once_without_crashing(monkeypatch, fresh_bac
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: broken)
     images, captions = order_inputs(20, 90, 64)
     with pytest.warns(RuntimeWarning, match="torch.compile failed .*InvalidCxxCompiler"):
-        out = order_violation(images, captions, fused=True)
+        out = order_violation(images, captions, fused=True, compile=True)
     assert_blocked_fallback_taken_once(images, captions, out)
 
     def refuses(fn, **kw):
@@ -180,23 +181,59 @@ def test_compile_failure_falls_back_once_without_crashing(monkeypatch, fresh_bac
     monkeypatch.setattr(similarity_module, "_fused_backend", None)
     monkeypatch.setattr(torch, "compile", refuses)
     with pytest.warns(RuntimeWarning, match="torch.compile unavailable"):
-        order_violation(images, captions, fused=True)
+        order_violation(images, captions, fused=True, compile=True)
 
 
 @needs_compile
 def test_compiled_kernel_equals_eager(fresh_backend):
     images, captions = order_inputs(48, 260, 1024)
-    out = order_violation(images, captions, fused=True)  # compiles
+    out = order_violation(images, captions, fused=True, compile=True)  # compiles
     if similarity_module.fused_backend() != "compiled":
         pytest.fail("torch.compile fell back (see the warning); set VSE_TEST_COMPILE=0 to skip")
     eager = order_violation(images, captions, fused=False)
     torch.testing.assert_close(out, eager, rtol=FUSED_RTOL, atol=FUSED_ATOL)
     # another block shape and d reuse the dynamic-shape kernel; the square root as eager
     images, captions = order_inputs(9, 33, 700, seed=1)
-    torch.testing.assert_close(order_violation(images, captions, sqrt=True, fused=True),
+    torch.testing.assert_close(order_violation(images, captions, sqrt=True, fused=True, compile=True),
                                order_violation(images, captions, sqrt=True, fused=False),
                                rtol=FUSED_RTOL, atol=FUSED_ATOL)
-    # a single image (a size the dynamic kernel specialises) takes the blocked kernel
-    torch.testing.assert_close(order_violation(images[:1], captions, fused=True),
-                               order_violation(images[:1], captions, fused=False),
-                               rtol=FUSED_RTOL, atol=FUSED_ATOL)
+    # a single image or caption (a size the dynamic kernel would specialise) is computed as two equal
+    # rows: the same bits as in a larger block
+    whole = order_violation(images, captions, fused=True, compile=True)
+    assert torch.equal(order_violation(images[3:4], captions, fused=True, compile=True), whole[3:4])
+    assert torch.equal(order_violation(images, captions[5:6], fused=True, compile=True), whole[:, 5:6])
+
+
+def test_compilation_only_when_asked_or_worth_it(monkeypatch, fresh_backend):
+    """``compile=None`` compiles only above COMPILE_MIN_WORK; once compiled, the kernel is used freely."""
+    compiled: list[object] = []
+
+    def fake_compile(fn, **kw):  # the "compiled" kernel is the expression itself: no C++ build
+        compiled.append(fn)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    images, captions = order_inputs(20, 90, 64)
+    with torch.no_grad():
+        order_violation(images, captions, fused=True)
+    assert compiled == [] and similarity_module.fused_backend() is None  # small: the blocked kernel
+    lines: list[str] = []
+    assert not similarity_module.compiled_kernel_ready(64)
+    similarity_module.prepare_compiled_kernel(64, lines.append)
+    assert len(compiled) == 1 and similarity_module.compiled_kernel_ready(64)
+    assert lines == [f"compiling the fused order-violation kernel (once per process, "
+                     f"~{similarity_module.COMPILE_SECONDS_ESTIMATE} s; VSE_NO_COMPILE=1 skips it)"]
+    similarity_module.prepare_compiled_kernel(64, lines.append)
+    assert len(lines) == 1  # compiled already: no second line
+    assert not similarity_module.compiled_kernel_ready(8192)  # long reductions: another kernel
+    calls = []
+    monkeypatch.setattr(similarity_module, "_compiled_kernel", lambda i, c: calls.append(1) or
+                        similarity_module._squared_violation_expr(i, c))
+    order_violation(images, captions, fused=True)  # compile=None, but ready: the compiled kernel
+    assert calls == [1]
+    order_violation(images, captions, fused=True, compile=False)
+    assert calls == [1]
+    monkeypatch.setattr(similarity_module, "_compiled_ready", set())
+    monkeypatch.setattr(similarity_module, "COMPILE_MIN_WORK", 20 * 90 * 64)
+    order_violation(images, captions, fused=True)  # large enough on its own
+    assert calls == [1, 1]

@@ -13,7 +13,8 @@ are each evaluated as a retrieval set of their own (those images and their capti
 R@1 and Mean r are reported both ways.
 
 Both take plain tensors and an ``encode_texts(list[str]) -> (M, d)`` callable, so they run on any
-model or on a toy encoder.
+model or on a toy encoder, and both rank through :func:`train.evaluate.evaluate_protocols` (the one
+evaluator: same tie rule, same warnings, once per evaluated set).
 """
 
 from __future__ import annotations
@@ -29,10 +30,9 @@ import torch
 
 from prep.errors import UserError
 from train.evaluate import (
+    Log,
     RetrievalMetrics,
     evaluate_protocols,
-    ground_truth_ranks,
-    metrics_from_ranks,
     protocol_folds,
     select_image_rows,
 )
@@ -131,7 +131,8 @@ def noise_robustness(images: torch.Tensor | np.ndarray, texts: Sequence[str],
                      ratios: Sequence[float], protocol: str = "1k", alphabet: Sequence[str] | None = None,
                      seed: int = 0, order_sqrt: bool = False, fold_size: int = 1000,
                      device: str | torch.device | None = None,
-                     progress: Callable[[float, RetrievalMetrics], None] | None = None) -> NoiseResult:
+                     progress: Callable[[float, RetrievalMetrics], None] | None = None,
+                     log: Log | None = None) -> NoiseResult:
     """Retrieval of noisy captions against clean images, per noise ratio.
 
     Args:
@@ -142,6 +143,7 @@ def noise_robustness(images: torch.Tensor | np.ndarray, texts: Sequence[str],
         protocol: evaluation protocol; only the captions it uses are encoded.
         alphabet: replacement characters (default: the captions' own characters).
         progress: called with (ratio, metrics) after each ratio.
+        log: where the evaluator's warnings go (default: stderr).
     """
     img = torch.as_tensor(images, dtype=torch.float32)
     ci = torch.as_tensor(np.asarray(caption_image), dtype=torch.int64)
@@ -156,7 +158,7 @@ def noise_robustness(images: torch.Tensor | np.ndarray, texts: Sequence[str],
     def evaluate(captions: Sequence[str]) -> RetrievalMetrics:
         cap = torch.as_tensor(encode_texts(list(captions)), dtype=torch.float32)
         result = evaluate_protocols(img[:stop], cap, used_ci, measure, [protocol], order_sqrt,
-                                    fold_size, device)
+                                    fold_size, device, log=log)
         return result[protocol].metrics
 
     clean = evaluate(used_texts)
@@ -231,13 +233,14 @@ def length_groups(texts: Sequence[str], caption_image: np.ndarray | torch.Tensor
 
 def length_analysis(images: torch.Tensor | np.ndarray, captions: torch.Tensor | np.ndarray,
                     caption_image: torch.Tensor | np.ndarray, texts: Sequence[str], measure: str,
-                    count: int = 100, order_sqrt: bool = False,
-                    device: str | torch.device | None = None) -> dict[str, RetrievalMetrics]:
+                    count: int = 100, order_sqrt: bool = False, device: str | torch.device | None = None,
+                    log: Log | None = None) -> dict[str, RetrievalMetrics]:
     """Retrieval restricted to the images with the longest / shortest captions (CHAIN-VSE table 4).
 
     Args:
         images: (N, d); captions: (M, d); caption_image: (M,); texts: the M caption strings.
         count: images per group (100 in the paper).
+        log: where the evaluator's warnings go (default: stderr).
 
     Returns:
         ``{"<count> longest": metrics, "<count> shortest": metrics}``, each evaluated among its own
@@ -252,5 +255,6 @@ def length_analysis(images: torch.Tensor | np.ndarray, captions: torch.Tensor | 
     out = {}
     for name, rows in ((f"{count} longest", longest), (f"{count} shortest", shortest)):
         g_img, g_cap, g_ci = select_image_rows(img, cap, ci, rows)
-        out[name] = metrics_from_ranks(ground_truth_ranks(g_img, g_cap, g_ci, measure, order_sqrt, device))
+        out[name] = evaluate_protocols(g_img, g_cap, g_ci, measure, ["all"], order_sqrt, device=device,
+                                       log=log)["all"].metrics
     return out

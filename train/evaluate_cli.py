@@ -1,6 +1,6 @@
-"""``train evaluate``: retrieval metrics of a trained run or of saved embeddings, and the analyses.
+"""``train evaluate``: retrieval metrics of a trained run, of saved embeddings or of a similarity matrix.
 
-Two sources:
+Three sources:
 
 * ``--run RUN_DIR``: embeds a split with the run's model (best or last checkpoint) and evaluates
   it with the run's similarity; ``--noise`` and ``--length-analysis`` add the CHAIN-VSE analyses.
@@ -8,6 +8,12 @@ Two sources:
 * ``--img-emb IMG.npy --cap-emb CAP.npy``: embeddings saved by any codebase in the VSE++ layout
   (one image per row, ``--captions-per-image`` captions per image in image order; an image file
   with one row per caption, as VSE++ sometimes saves it, is reduced to every k-th row).
+* ``--sims S.npy``: an (images, captions) similarity matrix computed by another codebase (e.g.
+  SCAN's cross-attention scores), captions in the same layout; larger = more similar, no measure.
+  It is memory-mapped and read tile by tile; ``--sims-transposed`` reads a (captions, images) file.
+
+``--ranks OUT.csv`` writes one row per query (and ``--topk K`` its K best candidates), from the same
+blocked pass (see :func:`train.report.write_ranks_csv`).
 """
 
 from __future__ import annotations
@@ -25,17 +31,24 @@ from prep.io import write_json_atomic
 from train.evaluate import (
     MEASURES,
     PROTOCOLS,
+    Log,
     ProtocolResult,
     TileHook,
     chance_metrics,
+    check_similarity_matrix,
     evaluate_protocols,
+    evaluate_similarities,
     protocol_folds,
-    select_images,
     vsepp_caption_image,
 )
-from train.report import format_length_table, format_noise_table, format_results, protocol_label, results_json
-
-Log = Callable[[str], None]
+from train.report import (
+    format_length_table,
+    format_noise_table,
+    format_results,
+    protocol_label,
+    results_json,
+    write_ranks_csv,
+)
 
 
 def parse_protocols(values: Sequence[str] | None) -> list[str]:
@@ -90,6 +103,40 @@ def vsepp_images(images: np.ndarray, n_captions: int, captions_per_image: int, l
     return images
 
 
+def load_similarity_file(path: str | Path) -> np.ndarray:
+    """A precomputed (images, captions) similarity matrix from ``.npy``, memory-mapped (never read whole)."""
+    path = Path(path)
+    try:
+        sims = np.load(path, mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError:
+        raise UserError(f"{path}: similarity matrix file not found") from None
+    except (ValueError, OSError) as exc:
+        raise UserError(f"{path}: cannot read a similarity matrix as .npy ({exc})") from None
+    if not isinstance(sims, np.ndarray):
+        raise UserError(f"{path}: expected one array in .npy format (save the matrix with np.save)")
+    return sims
+
+
+def sims_images(sims: np.ndarray, captions_per_image: int, transposed: bool, name: str) -> int:
+    """The number of images N of an (N, k * N) matrix, or of a (k * N, N) one with ``transposed``.
+
+    A (k * N, N) matrix given without ``transposed`` is an error that says it looks transposed.
+    """
+    k = captions_per_image
+    if sims.ndim != 2:
+        raise UserError(f"{name}: a similarity matrix must be 2-D, got shape {sims.shape}")
+    rows, cols = sims.shape
+    n, m = (cols, rows) if transposed else (rows, cols)
+    if m == n * k:
+        return n
+    if not transposed and rows == cols * k:
+        raise UserError(f"{name}: shape {sims.shape} is (captions, images) = ({k} x {cols}, {cols}): the "
+                        "matrix is transposed; give --sims-transposed to read it as it is")
+    layout = "(captions, images)" if transposed else "(images, captions)"
+    raise UserError(f"{name}: shape {sims.shape} read as {layout} is not (N, {k} x N) "
+                    "(check --captions-per-image and --sims-transposed)")
+
+
 def _progress_hook(results_total: int) -> tuple[TileHook, Callable[[], None]]:
     from tqdm.auto import tqdm
 
@@ -110,49 +157,96 @@ def _pairs_total(n_images: int, caption_image: torch.Tensor, protocols: Sequence
     return total
 
 
-def evaluate_and_report(images: torch.Tensor, captions: torch.Tensor, caption_image: torch.Tensor,
-                        measure: str, protocols: Sequence[str], order_sqrt: bool = False,
-                        fold_size: int = 1000, device: str = "auto", chance: bool = False,
-                        json_path: Path | None = None, title: str | None = None,
-                        block_images: int | None = None, block_captions: int | None = None,
-                        log: Log = print) -> dict[str, ProtocolResult]:
-    """Evaluate (N, d) images and (M, d) captions under ``protocols``; print the table, write JSON."""
+def _check_topk(topk: int | None, ranks_path: Path | None) -> int:
+    if topk is None:
+        return 0
+    if topk < 1:
+        raise UserError(f"--topk must be at least 1, got {topk}")
+    if ranks_path is None:
+        raise UserError("--topk K lists each query's K best candidates in the --ranks OUT.csv file: "
+                        "give --ranks")
+    return topk
+
+
+def report_evaluation(evaluate: Callable[[TileHook, Log], dict[str, ProtocolResult]], n_images: int,
+                      caption_image: torch.Tensor, protocols: Sequence[str], what: str, fold_size: int = 1000,
+                      chance: bool = False, json_path: Path | None = None, ranks_path: Path | None = None,
+                      title: str | None = None, log: Log = print) -> dict[str, ProtocolResult]:
+    """Run ``evaluate(on_tile, log)`` with a progress bar; print the table, write the JSON and the ranks CSV.
+
+    ``n_images`` and ``caption_image`` (M,) describe the evaluated set (for the progress total and
+    ``chance``); ``what`` goes into the summary line.
+    """
     t0 = time.perf_counter()
-    on_tile, close = _progress_hook(_pairs_total(images.shape[0], caption_image, protocols, fold_size))
+    on_tile, close = _progress_hook(_pairs_total(n_images, caption_image, protocols, fold_size))
+    warnings: list[str] = []
+
+    def log_now_warn_later(line: str) -> None:
+        # warnings qualify the numbers: print them under the table; notes (compiling) right away
+        (warnings.append if line.startswith("warning:") else log)(line)
+
     try:
-        results = evaluate_protocols(images, captions, caption_image, measure, protocols, order_sqrt,
-                                     fold_size, device, block_images, block_captions, on_tile=on_tile)
+        results = evaluate(on_tile, log_now_warn_later)
     finally:
         close()
     chance_rows = None
     if chance:
         chance_rows = {}
         for protocol in protocols:
-            start, stop = protocol_folds(protocol, images.shape[0], fold_size)[0]
-            _, _, f_ci = select_images(images, captions, caption_image, start, stop)
+            start, stop = protocol_folds(protocol, n_images, fold_size)[0]
+            f_ci = caption_image[(caption_image >= start) & (caption_image < stop)] - start
             chance_rows[protocol] = chance_metrics(f_ci.numpy(), stop - start)
     log(format_results(results, chance_rows, title))
+    for line in warnings:
+        log(line)
     elapsed = time.perf_counter() - t0
-    summary = (f"evaluated {images.shape[0]} images x {captions.shape[0]} captions (d = {images.shape[1]}, "
-               f"{measure}{' sqrt' if measure == 'order' and order_sqrt else ''}) under "
+    summary = (f"evaluated {n_images} images x {caption_image.numel()} captions ({what}) under "
                f"{', '.join(protocol_label(p) for p in protocols)} in {elapsed:.1f}s")
     if json_path is not None:
         write_json_atomic(json_path, results_json(results))
         summary += f"; wrote {json_path}"
+    if ranks_path is not None:
+        rows = write_ranks_csv(ranks_path, results, caption_image.numpy())
+        summary += f"; wrote {rows} query rows to {ranks_path}"
     log(summary)
     return results
+
+
+def evaluate_and_report(images: torch.Tensor, captions: torch.Tensor, caption_image: torch.Tensor,
+                        measure: str, protocols: Sequence[str], order_sqrt: bool = False,
+                        fold_size: int = 1000, device: str = "auto", chance: bool = False,
+                        json_path: Path | None = None, title: str | None = None,
+                        block_images: int | None = None, block_captions: int | None = None,
+                        log: Log = print, ranks_path: Path | None = None, topk: int = 0
+                        ) -> dict[str, ProtocolResult]:
+    """Evaluate (N, d) images and (M, d) captions under ``protocols``; print the table, write the outputs."""
+    def evaluate(on_tile: TileHook, log: Log) -> dict[str, ProtocolResult]:
+        return evaluate_protocols(images, captions, caption_image, measure, protocols, order_sqrt, fold_size,
+                                  device, block_images, block_captions, on_tile=on_tile, topk=topk, log=log)
+
+    what = f"d = {images.shape[1]}, {measure}{' sqrt' if measure == 'order' and order_sqrt else ''}"
+    return report_evaluation(evaluate, images.shape[0], caption_image, protocols, what, fold_size, chance,
+                             json_path, ranks_path, title, log)
+
+
+def _split_images(run: object, split: str) -> int:
+    """Images of ``split`` with a caption in the run's language, from the prepared dataset (no embedding)."""
+    sentences = run.dataset.sentences_of(split, run.settings.lang)  # type: ignore[attr-defined]
+    return len({s.imgid for s in sentences})
 
 
 def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = ("all",),
                  noise: str | None = None, length_analysis: bool = False, checkpoint: str = "best",
                  device: str = "auto", json_path: Path | None = None, out_dir: Path | None = None,
                  chance: bool = False, noise_seed: int = 0, length_count: int = 100,
-                 fold_size: int = 1000, log: Log = print) -> dict[str, ProtocolResult]:
+                 fold_size: int = 1000, log: Log = print, ranks_path: Path | None = None,
+                 topk: int = 0) -> dict[str, ProtocolResult]:
     """Evaluate a run directory's model on ``split``; optionally the noise and length analyses.
 
     Writes ``<out>/<split>_<checkpoint>.json`` (the protocol JSON), and with the analyses
     ``<out>/noise_<split>.json`` + ``.png`` and ``<out>/length_<split>.json``; ``out`` defaults to
-    ``RUN_DIR/eval``.
+    ``RUN_DIR/eval``. ``ranks_path`` (and ``topk``): the per-query CSV. The protocols and the
+    length analysis are checked against the split's size before anything is embedded.
     """
     from train.analysis import alphabet_from_chars_json, noise_robustness, parse_ratio_range, plot_noise
     from train.analysis import length_analysis as run_length_analysis
@@ -161,6 +255,13 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
     protocols = parse_protocols(protocols)
     ratios = parse_ratio_range(noise) if noise else None
     run = load_run(run_dir, checkpoint, device)
+    # too few images for a protocol: say so now, not after embedding the split
+    n_split = _split_images(run, split)
+    for protocol in protocols:
+        protocol_folds(protocol, n_split, fold_size, have=f"the {split} split has")
+    if length_analysis and n_split < 2 * length_count:
+        raise UserError(f"--length-analysis needs at least {2 * length_count} images (2 x --length-count), "
+                        f"the {split} split has {n_split}")
     measure, order_sqrt = run.settings.measure, bool(run.settings.order_sqrt)
     out = Path(out_dir) if out_dir is not None else Path(run_dir) / "eval"
     log(f"embedding the {split} split with {Path(run_dir).name} ({checkpoint} checkpoint, epoch {run.epoch}) "
@@ -169,7 +270,8 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
     title = f"{Path(run_dir).name}: {split} ({checkpoint} checkpoint, epoch {run.epoch}, {measure})"
     results = evaluate_and_report(emb.images, emb.captions, emb.caption_image, measure, protocols, order_sqrt,
                                   fold_size, str(run.device), chance,
-                                  json_path or out / f"{split}_{checkpoint}.json", title, log=log)
+                                  json_path or out / f"{split}_{checkpoint}.json", title, log=log,
+                                  ranks_path=ranks_path, topk=topk)
     if ratios is not None:
         chars = Path(run.settings.data or "") / "chars.json"
         alphabet = alphabet_from_chars_json(chars) if chars.is_file() else None
@@ -180,7 +282,7 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
             emb.images, emb.texts, emb.caption_image, lambda texts: encode_texts(run, texts), measure,
             ratios, protocol, alphabet, noise_seed, order_sqrt, fold_size, run.device,
             progress=lambda r, m: log(f"  noise {100 * r:.1f}%: i2t R@1 {m.i2t.r1:.1f} R@10 {m.i2t.r10:.1f}, "
-                                      f"t2i R@1 {m.t2i.r1:.1f} R@10 {m.t2i.r10:.1f}"))
+                                      f"t2i R@1 {m.t2i.r1:.1f} R@10 {m.t2i.r10:.1f}"), log=log)
         log(format_noise_table([0.0] + result.ratios, [result.clean] + result.metrics,
                                title=f"Robustness to input noise ({split}, {protocol_label(protocol)})"))
         write_json_atomic(out / f"noise_{split}.json", result.to_json())
@@ -188,7 +290,7 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
         log(f"wrote {out / f'noise_{split}.json'} and {png}")
     if length_analysis:
         groups = run_length_analysis(emb.images, emb.captions, emb.caption_image, emb.texts, measure,
-                                     length_count, order_sqrt, run.device)
+                                     length_count, order_sqrt, run.device, log=log)
         log(format_length_table(groups, title=f"Impact of text length ({split})"))
         write_json_atomic(out / f"length_{split}.json", {
             name: {d: {"r1": getattr(m, d).r1, "meanr": getattr(m, d).meanr} for d in ("i2t", "t2i")}
@@ -204,6 +306,8 @@ def _evaluate_files(args: argparse.Namespace, protocols: list[str]) -> None:
         raise UserError("--cap-emb is required with --img-emb")
     if args.noise or args.length_analysis:
         raise UserError("--noise and --length-analysis re-encode or read the captions: use --run")
+    ranks_path = Path(args.ranks) if args.ranks else None
+    topk = _check_topk(args.topk, ranks_path)
     captions = load_embedding_file(args.cap_emb, "caption")
     images = vsepp_images(load_embedding_file(args.img_emb, "image"), captions.shape[0],
                           args.captions_per_image, print)
@@ -211,24 +315,61 @@ def _evaluate_files(args: argparse.Namespace, protocols: list[str]) -> None:
     evaluate_and_report(torch.from_numpy(images), torch.from_numpy(captions), caption_image, args.measure,
                         protocols, args.order_sqrt, args.fold_size, args.device, args.chance,
                         Path(args.json) if args.json else None, title=f"{args.img_emb} / {args.cap_emb}",
-                        block_images=args.block_images, block_captions=args.block_captions)
+                        block_images=args.block_images, block_captions=args.block_captions,
+                        ranks_path=ranks_path, topk=topk)
+
+
+def _evaluate_sims(args: argparse.Namespace, protocols: list[str]) -> None:
+    if args.measure is not None or args.order_sqrt:
+        raise UserError("--sims is a similarity matrix already (larger = more similar): drop --measure and "
+                        "--order-sqrt")
+    if args.noise or args.length_analysis:
+        raise UserError("--noise and --length-analysis re-encode or read the captions: use --run")
+    if args.captions_per_image < 1:
+        raise UserError("--captions-per-image must be at least 1")
+    ranks_path = Path(args.ranks) if args.ranks else None
+    topk = _check_topk(args.topk, ranks_path)
+    sims = load_similarity_file(args.sims)
+    k = args.captions_per_image
+    n = sims_images(sims, k, args.sims_transposed, str(args.sims))
+    caption_image = torch.from_numpy(vsepp_caption_image(n, k))
+    check_similarity_matrix(sims, caption_image, args.sims_transposed, name=str(args.sims))
+
+    def evaluate(on_tile: TileHook, log: Log) -> dict[str, ProtocolResult]:
+        return evaluate_similarities(sims, caption_image, protocols, args.fold_size, args.device,
+                                     args.block_images, args.block_captions, on_tile, topk,
+                                     args.sims_transposed, log)
+
+    what = f"precomputed {sims.dtype} similarities{', transposed' if args.sims_transposed else ''}"
+    report_evaluation(evaluate, n, caption_image, protocols, what, args.fold_size, args.chance,
+                      Path(args.json) if args.json else None, ranks_path, title=str(args.sims))
 
 
 def _command(args: argparse.Namespace) -> int:
     protocols = parse_protocols(args.protocol)
+    given = {"--run": args.run, "--img-emb/--cap-emb": args.img_emb or args.cap_emb, "--sims": args.sims}
+    sources = [name for name, value in given.items() if value]
+    if len(sources) > 1:
+        raise UserError(f"give one of --run, --img-emb/--cap-emb or --sims, not {' and '.join(sources)}")
+    if args.sims_transposed and args.sims is None:
+        raise UserError("--sims-transposed goes with --sims")
     if args.run is not None:
-        if args.img_emb or args.cap_emb:
-            raise UserError("give either --run or --img-emb/--cap-emb, not both")
         if args.measure is not None:
             raise UserError("--measure comes from the run's configuration; drop it with --run")
+        ranks_path = Path(args.ranks) if args.ranks else None
         evaluate_run(Path(args.run), args.split, protocols, args.noise, args.length_analysis, args.checkpoint,
                      args.device, Path(args.json) if args.json else None,
                      Path(args.out) if args.out else None, args.chance, args.noise_seed, args.length_count,
-                     args.fold_size)
-    elif args.img_emb is not None:
+                     args.fold_size, ranks_path=ranks_path, topk=_check_topk(args.topk, ranks_path))
+    elif args.sims is not None:
+        _evaluate_sims(args, protocols)
+    elif args.img_emb is not None or args.cap_emb is not None:
+        if args.img_emb is None:
+            raise UserError("--img-emb is required with --cap-emb")
         _evaluate_files(args, protocols)
     else:
-        raise UserError("nothing to evaluate: give --run RUN_DIR or --img-emb IMG.npy --cap-emb CAP.npy")
+        raise UserError("nothing to evaluate: give --run RUN_DIR, --img-emb IMG.npy --cap-emb CAP.npy, "
+                        "or --sims S.npy")
     return 0
 
 
@@ -247,11 +388,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      "(VSE++ layout)")
     src.add_argument("--cap-emb", metavar="CAP.npy", help="caption embeddings, captions-per-image rows per "
                      "image, in image order")
+    src.add_argument("--sims", metavar="S.npy", help="a precomputed (images, captions) similarity matrix "
+                     "from any codebase (e.g. SCAN), float16/32/64, larger = more similar, captions in the "
+                     "--cap-emb layout; memory-mapped and read in tiles")
+    src.add_argument("--sims-transposed", action="store_true",
+                     help="--sims is stored as (captions, images)")
     src.add_argument("--measure", choices=MEASURES, default=None,
-                     help="similarity of --img-emb/--cap-emb (a run uses its own)")
+                     help="similarity of --img-emb/--cap-emb (a run uses its own; --sims has none)")
     src.add_argument("--order-sqrt", action="store_true",
                      help="order violation with the square root (released VSE/CHAIN code); same rankings")
-    src.add_argument("--captions-per-image", type=int, default=5, help="captions per image in --cap-emb")
+    src.add_argument("--captions-per-image", type=int, default=5,
+                     help="captions per image in --cap-emb / --sims")
     src.add_argument("--split", default="test", choices=("train", "val", "test"), help="split of --run")
     src.add_argument("--checkpoint", default="best", choices=("best", "last"), help="checkpoint of --run")
     ev = p.add_argument_group("protocol and output")
@@ -260,6 +407,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument("--fold-size", type=int, default=1000, help="images per COCO fold")
     ev.add_argument("--json", metavar="PATH", help="write {protocol: {i2t, t2i, rsum}} as JSON here "
                     "(--run default: RUN_DIR/eval/<split>_<checkpoint>.json)")
+    ev.add_argument("--ranks", metavar="OUT.csv", help="one CSV row per query and protocol fold: protocol, "
+                    "fold, direction, query, rank (1-based, ties counted against the ground truth), ties, "
+                    "ground truth index(es); indices are rows of the inputs")
+    ev.add_argument("--topk", type=int, metavar="K", default=None, help="with --ranks: each query's K best "
+                    "candidates and their scores (score descending, lower index first among equal scores)")
     ev.add_argument("--out", metavar="DIR", help="folder for the outputs of --run (default RUN_DIR/eval)")
     ev.add_argument("--chance", action="store_true", help="add the expected metrics of a random ranking")
     ev.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")

@@ -1,18 +1,29 @@
-"""Evaluation results as the papers lay them out (text tables) and as JSON.
+"""Evaluation results as the papers lay them out (text tables), as JSON, and per query as CSV.
 
 The retrieval table has one row per protocol and the columns of the CHAIN-VSE / VSE++ tables:
 ``Image-to-text R@1 R@5 R@10 Med r Mean r | Text-to-image R@1 R@5 R@10 Med r Mean r | rsum``.
-The JSON is ``{protocol: {"i2t": {"r1", "r5", "r10", "medr", "meanr"}, "t2i": {...}, "rsum"}}``.
+The JSON is ``{protocol: {"i2t": {"r1", "r5", "r10", "medr", "meanr", "ties"}, "t2i": {...}, "rsum"}}``
+(``ties``: queries whose ground-truth score is tied by a candidate counted against it).
+The ranks CSV is described at :func:`write_ranks_csv`.
 """
 
 from __future__ import annotations
 
+import csv
 import math
 from collections.abc import Mapping
+from pathlib import Path
 
-from train.evaluate import DirectionMetrics, ProtocolResult, RetrievalMetrics
+import numpy as np
 
-PROTOCOL_LABELS = {"1k": "COCO-1k", "5cv": "COCO-5cv", "5k": "COCO-5k", "all": "all"}
+from prep.io import atomic_file
+from train.evaluate import PROTOCOL_NAMES, DirectionMetrics, ProtocolResult, RetrievalMetrics
+
+#: columns of the ranks CSV (the last two only with top-K candidates)
+RANKS_COLUMNS = ("protocol", "fold", "direction", "query", "rank", "ties", "ground_truth", "topk",
+                 "topk_scores")
+
+PROTOCOL_LABELS = PROTOCOL_NAMES
 
 _DIRECTION_COLUMNS = ("R@1", "R@5", "R@10", "Med r", "Mean r")
 _WIDTH = 7
@@ -58,9 +69,12 @@ def format_retrieval_table(rows: Mapping[str, RetrievalMetrics], title: str | No
 def metrics_from_dict(record: Mapping[str, object]) -> RetrievalMetrics:
     """A :class:`RetrievalMetrics` from ``{"i2t": {...}, "t2i": {...}[, "rsum"]}`` (the JSON shape)."""
     fields = ("r1", "r5", "r10", "medr", "meanr")
-    i2t, t2i = record["i2t"], record["t2i"]
-    return RetrievalMetrics(i2t=DirectionMetrics(**{k: float(i2t[k]) for k in fields}),  # type: ignore[index]
-                            t2i=DirectionMetrics(**{k: float(t2i[k]) for k in fields}))  # type: ignore[index]
+
+    def direction(d: Mapping[str, object]) -> DirectionMetrics:
+        # records written before ties were counted have no "ties"
+        return DirectionMetrics(**{k: float(d[k]) for k in fields}, ties=int(d.get("ties", 0)))  # type: ignore[arg-type]
+
+    return RetrievalMetrics(i2t=direction(record["i2t"]), t2i=direction(record["t2i"]))  # type: ignore[arg-type]
 
 
 def format_table(metrics: RetrievalMetrics | Mapping[str, object], title: str | None = None,
@@ -119,3 +133,50 @@ def format_noise_table(ratios: list[float], metrics: list[RetrievalMetrics], tit
         lines.append(f"{100 * ratio:5.1f}%" + " | " + _number(m.i2t.r1).rjust(8) + _number(m.i2t.r10).rjust(9)
                      + " | " + _number(m.t2i.r1).rjust(8) + _number(m.t2i.r10).rjust(9))
     return "\n".join(lines)
+
+
+def _joined(values: np.ndarray) -> str:
+    # numpy scalars print the shortest text that reads back to the same float32 / float64 / int
+    return " ".join(str(v) for v in values)
+
+
+def write_ranks_csv(path: str | Path, results: Mapping[str, ProtocolResult],
+                    caption_image: np.ndarray) -> int:
+    """Write one CSV row per query of every protocol fold; returns the number of rows.
+
+    Columns (:data:`RANKS_COLUMNS`): ``protocol``, ``fold`` (0-based, 0 unless ``5cv``), ``direction``
+    (``i2t`` or ``t2i``), ``query`` (image row for i2t, caption row for t2i), ``rank`` (1-based,
+    candidates tied with the ground truth counted against it), ``ties`` (how many of those tie:
+    ``rank - ties`` is the optimistic rank), ``ground_truth`` (the image's caption rows for i2t,
+    space-separated; the caption's image row for t2i) and, when the results hold top-K candidates,
+    ``topk`` (candidate rows, best first, lower row first among equal scores) and ``topk_scores``.
+    Rows and indices are those of the evaluated inputs (``caption_image`` (M,): their image of each
+    caption), whatever the fold. Written atomically.
+    """
+    caption_image = np.asarray(caption_image, dtype=np.int64)
+    with_topk = any(f.ranks.i2t_topk is not None for r in results.values() for f in r.fold_ranks)
+    columns = RANKS_COLUMNS if with_topk else RANKS_COLUMNS[:-2]
+    rows = 0
+    with atomic_file(path, "w") as fh:
+        writer = csv.writer(fh, lineterminator="\n")
+        writer.writerow(columns)
+        for protocol, result in results.items():
+            for fold, fr in enumerate(result.fold_ranks):
+                r, captions = fr.ranks, fr.caption_index
+                images = np.arange(fr.start, fr.stop)
+                local_image = caption_image[captions] - fr.start  # (k,) the fold's image of each caption
+                by_image = np.argsort(local_image, kind="stable")
+                bounds = np.searchsorted(local_image[by_image], np.arange(len(images) + 1))
+                for q, image in enumerate(images):
+                    row = [protocol, fold, "i2t", image, r.i2t[q], r.i2t_ties[q],
+                           _joined(captions[by_image[bounds[q]:bounds[q + 1]]])]
+                    if with_topk:
+                        row += [_joined(captions[r.i2t_topk[q]]), _joined(r.i2t_topk_scores[q])]
+                    writer.writerow(row)
+                for q, caption in enumerate(captions):
+                    row = [protocol, fold, "t2i", caption, r.t2i[q], r.t2i_ties[q], images[local_image[q]]]
+                    if with_topk:
+                        row += [_joined(images[r.t2i_topk[q]]), _joined(r.t2i_topk_scores[q])]
+                    writer.writerow(row)
+                rows += len(images) + len(captions)
+    return rows

@@ -16,31 +16,52 @@ with the arguments the other way round. The released code also takes the square 
 (``sqrt=True``): rankings are the same, the loss is not. The default is the squared form of the
 papers' equations.
 
-Two kernels compute the order violation. The eager one materialises the (N, m_chunk, d) broadcast
+Three kernels compute the order violation. The eager one materialises the (N, m_chunk, d) broadcast
 and makes four passes over it; it is the only one that carries gradients and the one used on CUDA
-and for small blocks (training batches). Large gradient-free CPU blocks (the evaluation) take a
-*fused* kernel that never builds the broadcast: ``torch.compile`` (inductor, C++) of the same
-expression, one loop that reduces over d in registers. Without a working compiler (or with
-``VSE_NO_COMPILE=1``) the fused path uses a blocked eager kernel instead (see
-:func:`_squared_violation_blocked`). Both differ from the eager kernel only in the order of the
-float32 summation over d: relative differences of about 1e-7 to 1e-6 of ``||max(0, c - i)||^2``
-(bounded by ``d * 2**-24`` in the worst case), so rankings agree except between candidates whose
-scores are within that rounding of each other.
+and for small blocks (training batches). Gradient-free CPU blocks (the evaluation) take a *fused*
+kernel that never builds the broadcast: the *blocked* eager kernel
+(:func:`_squared_violation_blocked`, plain torch ops on cache-sized sub-tiles, no compiler), or the
+*compiled* one, ``torch.compile`` (inductor, C++) of the same expression, one loop that reduces over
+d in registers, about 3x faster than the blocked kernel on 2 cores but with a first compilation of
+about 12 to 50 s (a few seconds with a warm inductor cache). So the compiled kernel is used only when
+it is already compiled in this process or the work is large enough to amortise the compilation
+(``COMPILE_MIN_WORK``; the evaluation decides once for all its tiles, see ``compile``), and never
+without a working compiler or with ``VSE_NO_COMPILE=1``. The fused kernels differ from the eager one
+only in the order of the float32 summation over d: relative differences of about 1e-7 to 1e-6 of
+``||max(0, c - i)||^2`` (bounded by ``d * 2**-24`` in the worst case), so rankings agree except
+between candidates whose scores are within that rounding of each other. Each kernel gives a pair the
+same bits whatever block it is computed in (the sum over d runs in the same order for every pair).
 """
 
 from __future__ import annotations
 
 import os
+import time
 import warnings
+from collections.abc import Callable
 
 import torch
 
 #: caption-dimension chunk for the order-violation broadcast, bounding memory at N x chunk x d
 _ORDER_CHUNK_ELEMS = 1 << 24
 
-#: N x M x d from which a gradient-free CPU float32 call takes the fused kernel: below it the eager
-#: kernel costs at most a few seconds, less than a first compilation (about 12 to 50 s on 2 cores)
-FUSED_MIN_WORK = 1 << 28
+#: N x M x d from which a gradient-free CPU float32 call takes a fused kernel by default: the blocked
+#: kernel ran 4x (d = 1024) to 14x (d = 64) faster than the eager broadcast on 2 cores, but its Python
+#: loop over d costs a few ms per call, more than the eager kernel needs for a tiny block
+FUSED_MIN_WORK = 1 << 22
+
+#: N x M x d (of one call, or of a whole evaluation: see ``compile``) from which the compiled kernel
+#: pays for its compilation. Measured on 2 cores: compiled 6 to 7 G element operations/s, blocked
+#: 1.9 G/s (one core), a cold compilation 12 to 50 s (17 s idle): compiling saves 0.36 ns per
+#: element operation, so it pays from about 20 s / 0.36 ns = 55 G operations, e.g. 5,000 x 25,000
+#: captions at d >= 550. Below it (a 1k fold at d = 1024: 5 G, 2.7 s blocked) it does not pay.
+COMPILE_MIN_WORK = 1 << 36
+
+#: what one compilation takes, for the message that announces it (cold inductor cache, 2 cores)
+COMPILE_SECONDS_ESTIMATE = 20
+
+#: inductor changes its accumulator for reductions longer than this, so d above it compiles another kernel
+_LONG_REDUCTION = 4096
 
 #: the blocked kernel's (images x captions) sub-tile: under torch's 32768-element grain size, so
 #: each of its small ops runs in the calling thread. Parallel ops this small spend more time in
@@ -48,9 +69,11 @@ FUSED_MIN_WORK = 1 << 28
 #: scheduler time slice (measured: 0.01 G elements/s with 2 threads vs 2 G with serial ops).
 _BLOCK_IMAGES, _BLOCK_CAPTIONS = 128, 255
 
-#: which fused kernel is in use: None (not chosen yet), "compiled" or "blocked"
+#: which fused kernel the compiled path resolved to: None (not tried yet), "compiled" or "blocked"
 _fused_backend: str | None = None
 _compiled_kernel = None
+#: d ranges (``d > _LONG_REDUCTION``) for which the compiled kernel has run: compiled, so free to use
+_compiled_ready: set[bool] = set()
 
 
 def cosine(images: torch.Tensor, captions: torch.Tensor) -> torch.Tensor:
@@ -59,17 +82,21 @@ def cosine(images: torch.Tensor, captions: torch.Tensor) -> torch.Tensor:
 
 
 def order_violation(images: torch.Tensor, captions: torch.Tensor, sqrt: bool = False,
-                    fused: bool | None = None) -> torch.Tensor:
+                    fused: bool | None = None, compile: bool | None = None) -> torch.Tensor:
     """Negative order violation ``-||max(0, c - i)||^2`` of every pair.
 
     Args:
         images: (N, d) image embeddings (non-negative in the order-embedding models).
         captions: (M, d) caption embeddings.
         sqrt: take the square root of the summed squared violation (the released code's form).
-        fused: ``None`` (default) takes the fused CPU kernel when no gradient is needed, both
+        fused: ``None`` (default) takes a fused CPU kernel when no gradient is needed, both
             inputs are float32 on the CPU and ``N * M * d >= FUSED_MIN_WORK``; ``True`` takes it
-            whenever no gradient is needed and the inputs are float32 on the CPU (tests,
-            benchmarks); ``False`` always takes the eager kernel.
+            whenever no gradient is needed and the inputs are float32 on the CPU (the evaluation,
+            so that all its tiles use one kernel); ``False`` always takes the eager kernel.
+        compile: which fused kernel: ``True`` the compiled one (compiling it now if needed; the
+            blocked one where no compiler works), ``False`` the blocked one, ``None`` the
+            compiled one only if it is already compiled for this range of d or
+            ``N * M * d >= COMPILE_MIN_WORK``.
 
     Returns:
         (N, M) similarities, ``<= 0``; 0 where the caption lies entirely below the image.
@@ -77,7 +104,7 @@ def order_violation(images: torch.Tensor, captions: torch.Tensor, sqrt: bool = F
         the fused kernels need only the (N, M) output (plus about 1 MB).
     """
     if _wants_fused(images, captions, fused):
-        out = _fused_squared_violation(images, captions)
+        out = _fused_squared_violation(images, captions, compile)
         return -(out.sqrt_() if sqrt else out)
     return _eager_order_violation(images, captions, sqrt)
 
@@ -110,7 +137,7 @@ def _eager_order_violation(images: torch.Tensor, captions: torch.Tensor, sqrt: b
         else:  # evaluation: reuse the buffer
             v = diff.clamp_min_(0).pow_(2).sum(dim=2)
         parts.append(v)
-    out = torch.cat(parts, dim=1) if len(parts) != 1 else parts[0]
+    out = torch.cat(parts, dim=1) if len(parts) != 1 else (parts[0] if parts else images.new_zeros(n, 0))
     if sqrt:
         # the epsilon keeps the gradient finite where there is no violation at all
         out = out.clamp_min(1e-12).sqrt() if out.requires_grad else out.sqrt()
@@ -133,10 +160,10 @@ def _squared_violation_blocked(images: torch.Tensor, captions: torch.Tensor) -> 
     """
     n, d = images.shape
     m = captions.shape[0]
-    out = torch.empty(n, m, dtype=torch.float32)
-    rows = min(n, _BLOCK_IMAGES)
-    cols = min(m, max(_BLOCK_CAPTIONS, (_BLOCK_IMAGES * _BLOCK_CAPTIONS) // max(1, rows)))
-    for c0 in range(0, m, cols):
+    out = torch.zeros(n, m, dtype=torch.float32)
+    rows = max(1, min(n, _BLOCK_IMAGES))
+    cols = min(m, max(_BLOCK_CAPTIONS, (_BLOCK_IMAGES * _BLOCK_CAPTIONS) // rows))
+    for c0 in range(0, m, max(1, cols)):
         c_t = captions[c0:c0 + cols].t().contiguous()  # (d, cols): component k is a contiguous row
         for i0 in range(0, n, rows):
             i_t = images[i0:i0 + rows].t().contiguous()  # (d, rows)
@@ -150,16 +177,29 @@ def _squared_violation_blocked(images: torch.Tensor, captions: torch.Tensor) -> 
     return out
 
 
-def _fused_squared_violation(images: torch.Tensor, captions: torch.Tensor) -> torch.Tensor:
-    """``||max(0, c - i)||^2`` (N, M) with the compiled kernel, or the blocked one without it."""
+def _fused_squared_violation(images: torch.Tensor, captions: torch.Tensor,
+                             compile: bool | None = None) -> torch.Tensor:
+    """``||max(0, c - i)||^2`` (N, M) with the compiled kernel or the blocked one (see ``compile``)."""
     global _fused_backend
+    n, d = images.shape
+    m = captions.shape[0]
+    long = d > _LONG_REDUCTION
+    wants = compile is True or (compile is None and (long in _compiled_ready
+                                                     or n * m * d >= COMPILE_MIN_WORK))
+    if not wants or n == 0 or m == 0 or d == 0:
+        return _squared_violation_blocked(images, captions)
     if _fused_backend is None:
         _fused_backend = _choose_backend()
-    # dynamic shapes specialise sizes 0 and 1, so such blocks would compile another kernel
-    if _fused_backend == "compiled" and min(images.shape[0], captions.shape[0]) >= 2:
+    if _fused_backend == "compiled":
         try:
             with torch.no_grad():
-                return _compiled_kernel(images.contiguous(), captions.contiguous())
+                # dynamic shapes specialise size 1, which would compile another kernel: a single
+                # row is computed as two equal rows (the same bits as in any other block)
+                im = images.expand(2, d) if n == 1 else images
+                cap = captions.expand(2, d) if m == 1 else captions
+                out = _compiled_kernel(im.contiguous(), cap.contiguous())
+            _compiled_ready.add(long)
+            return out[:n, :m]
         except Exception as exc:  # any inductor / compiler failure: fall back, once, never crash
             _fused_backend = "blocked"
             first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
@@ -186,15 +226,46 @@ def _choose_backend() -> str:
 
 
 def fused_backend() -> str | None:
-    """The fused kernel in use: ``"compiled"``, ``"blocked"``, or ``None`` before the first fused call."""
+    """The compiled path's kernel: ``"compiled"``, ``"blocked"`` (no compiler), ``None`` if not tried."""
     return _fused_backend
 
 
-def similarity(images: torch.Tensor, captions: torch.Tensor, measure: str, order_sqrt: bool = False
-               ) -> torch.Tensor:
-    """Dispatch on ``measure`` (``"order"`` or ``"cosine"``); returns (N, M)."""
+def compiled_kernel_ready(dim: int) -> bool:
+    """Whether the compiled kernel has already run for embeddings of size ``dim`` (no compilation left)."""
+    return (dim > _LONG_REDUCTION) in _compiled_ready
+
+
+def compile_disabled() -> bool:
+    """Whether the compiled kernel is off: ``VSE_NO_COMPILE`` is set or compiling failed before."""
+    return _fused_backend == "blocked" or os.environ.get("VSE_NO_COMPILE", "") not in ("", "0")
+
+
+def prepare_compiled_kernel(dim: int, log: Callable[[str], None] | None = None) -> float:
+    """Compile the fused kernel for embeddings of size ``dim`` now, if not done yet; returns the seconds.
+
+    ``log`` gets one line before a compilation starts (none when the kernel is ready or disabled).
+    Compiling ahead of a computation keeps all its blocks on one kernel (a failure falls back before
+    the first block, not in the middle).
+    """
+    if compiled_kernel_ready(dim) or compile_disabled():
+        return 0.0
+    if log is not None:
+        log(f"compiling the fused order-violation kernel (once per process, ~{COMPILE_SECONDS_ESTIMATE} s; "
+            "VSE_NO_COMPILE=1 skips it)")
+    t0 = time.perf_counter()
+    probe = torch.zeros(2, max(1, dim))
+    _fused_squared_violation(probe, probe, compile=True)
+    return time.perf_counter() - t0
+
+
+def similarity(images: torch.Tensor, captions: torch.Tensor, measure: str, order_sqrt: bool = False,
+               fused: bool | None = None, compile: bool | None = None) -> torch.Tensor:
+    """Dispatch on ``measure`` (``"order"`` or ``"cosine"``); returns (N, M).
+
+    ``fused`` and ``compile`` choose the order-violation kernel (see :func:`order_violation`).
+    """
     if measure == "cosine":
         return cosine(images, captions)
     if measure == "order":
-        return order_violation(images, captions, sqrt=order_sqrt)
+        return order_violation(images, captions, sqrt=order_sqrt, fused=fused, compile=compile)
     raise ValueError(f"unknown similarity measure {measure!r} (expected 'order' or 'cosine')")
