@@ -84,6 +84,13 @@ def read_source(settings: PrepSection, work_dir: Path | None) -> RawDataset:
         from prep.sources.yjcaptions import read_yjcaptions
 
         return read_yjcaptions(s.yj, s.coco_karpathy, s.images, s.val_images, s.test_images, s.seed)
+    if s.dataset == "karpathy":
+        from prep.sources.coco import read_karpathy
+
+        if s.karpathy is None:
+            raise UserError("prep karpathy: --karpathy FILE is required (your dataset in the Karpathy split "
+                            "schema; see the README, 'Your own data')")
+        return read_karpathy(s.karpathy, s.images, restval=s.restval, name=s.name, lang=s.lang)
     from prep.sources.synthetic import generate_synthetic
 
     if work_dir is None:
@@ -547,6 +554,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("f30k", help="Flickr30k (Karpathy JSON)",
                        description="Flickr30k from dataset_flickr30k.json: 29,000 / 1,014 / 1,000 images.")
     p.add_argument("--karpathy", metavar="FILE", default=None, help="Karpathy's dataset_flickr30k.json")
+    _common(p)
+
+    p = sub.add_parser("karpathy", help="your own data: any dataset in the Karpathy split JSON schema",
+                       description="Any image-caption dataset written in Karpathy's split schema "
+                       "({'images': [{'filename', 'filepath'?, 'split': train|restval|val|test, "
+                       "'sentences': [{'raw'}, ...]}, ...]}); every caption kept; restval folds into train "
+                       "unless --no-restval. See the README section 'Your own data'.")
+    p.add_argument("--karpathy", metavar="FILE", default=None, help="the dataset's Karpathy-schema JSON")
+    p.add_argument("--name", default=None, help="dataset name recorded in dataset.json (default: the file's "
+                   "'dataset' field)")
+    p.add_argument("--lang", choices=("en", "de", "ja"), default=None,
+                   help="language of the captions: their tokenizer (ja: romanized with pykakasi) "
+                        "(default en)")
+    p.add_argument("--restval", action=argparse.BooleanOptionalAction, default=None,
+                   help="fold 'restval' images into train (default) or leave them out")
     _common(p)
 
     p = sub.add_parser("multi30k", help="Multi30k: 5 en + 5 de captions per image, en-de translation pairs",

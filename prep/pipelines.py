@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from prep.errors import UserError
 
-DATASETS = ("coco", "f8k", "f30k", "multi30k", "yjcaptions", "synthetic")
+DATASETS = ("coco", "f8k", "f30k", "multi30k", "yjcaptions", "synthetic", "karpathy")
 FAMILIES = ("chain", "oecc", "seam", "vse", "clmr", "liwe")
 PROTOCOLS = ("1k", "5cv", "5k", "all")
 
@@ -51,8 +51,11 @@ class PrepSection(Section):
         "out", "karpathy", "annotations", "split_file", "images", "token_file", "split_dir",
         "root", "yj", "coco_karpathy", "flat",
     )
-    dataset: Literal["coco", "f8k", "f30k", "multi30k", "yjcaptions", "synthetic"]
+    dataset: Literal["coco", "f8k", "f30k", "multi30k", "yjcaptions", "synthetic", "karpathy"]
     out: str
+    #: karpathy: the dataset's name (default: the file's "dataset" field) and its captions' language
+    name: str | None = None
+    lang: Literal["en", "de", "ja"] = "en"
     # coco / f8k / f30k inputs
     karpathy: str | None = None
     annotations: list[str] | None = None

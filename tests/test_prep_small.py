@@ -228,6 +228,28 @@ def test_other_datasets_keep_every_caption(tmp_path: Path) -> None:
     assert "captions_beyond_5" not in ds.record["dropped"]
 
 
+def test_prep_karpathy_reads_ones_own_data_in_any_language(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture) -> None:
+    images = [{"filename": f"{n}.jpg", "split": split,
+               "sentences": [{"raw": f"Ein Hund Nummer {n} läuft."}] * 6}
+              for n, split in (("a", "train"), ("b", "restval"), ("c", "val"), ("d", "test"))]
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"images": images}), encoding="utf-8")
+    (tmp_path / "imgs").mkdir()
+    out = tmp_path / "mine"
+    assert main(["karpathy", "--karpathy", str(path), "--images", str(tmp_path / "imgs"), "--lang", "de",
+                 "--name", "dogs", "--out", str(out)]) == 0
+    assert "prep karpathy: train 2 images / 12 sentences" in capsys.readouterr().out
+    ds = PreparedDataset.load(out)
+    assert ds.name == "dogs" and ds.languages == ["de"]
+    assert [im.split for im in ds.images] == ["train", "train", "val", "test"]
+    assert [len(im.sentids) for im in ds.images] == [6, 6, 6, 6]  # one's own data: nothing cut
+    assert ds.sentences[0].lang == "de"
+    assert ds.sentences[0].tokens == ("ein", "hund", "nummer", "a", "läuft", ".")
+    assert main(["karpathy", "--out", str(tmp_path / "x")]) == 2
+    assert "--karpathy FILE is required" in capsys.readouterr().err
+
+
 # -- ids, encodings and image paths: one-line errors ---------------------------------------------------
 
 @pytest.mark.parametrize("bad", [[1, 2], {"a": 1}])

@@ -44,11 +44,11 @@ def _split_of(karpathy_split: str, restval: bool) -> str | None:
 
 def read_karpathy(path: str | os.PathLike, images: str | os.PathLike | None, restval: bool = True,
                   name: str | None = None, data: dict[str, Any] | None = None,
-                  inputs: list[Path] | None = None) -> RawDataset:
-    """Read a Karpathy split JSON (``dataset_coco.json``, ``dataset_flickr8k.json``, ...).
+                  inputs: list[Path] | None = None, lang: str = "en") -> RawDataset:
+    """Read a Karpathy split JSON (``dataset_coco.json``, ``dataset_flickr8k.json``, or one's own).
 
     ``data``: the already parsed Karpathy dict (then ``path`` only names it in messages) and
-    ``inputs`` the files it came from.
+    ``inputs`` the files it came from; ``lang``: the language of every caption.
     """
     path = need_file(path, "--karpathy")
     if data is None:
@@ -70,8 +70,8 @@ def read_karpathy(path: str | os.PathLike, images: str | os.PathLike | None, res
         captions = []
         for j, s in enumerate(need(img, "sentences", path, where, list)):
             sw = f"{where}.sentences[{j}]"
-            captions.append(RawCaption("en", need(s, "raw", path, sw), check_id(s.get("sentid"), path, sw,
-                                                                                  "sentid")))
+            captions.append(RawCaption(lang, need(s, "raw", path, sw), check_id(s.get("sentid"), path, sw,
+                                                                                 "sentid")))
         cocoid = check_id(img.get("cocoid"), path, where, "cocoid")
         imgid = check_id(img.get("imgid"), path, where, "imgid")
         ident = cocoid if cocoid is not None else (imgid if imgid is not None else filename)
@@ -82,7 +82,7 @@ def read_karpathy(path: str | os.PathLike, images: str | os.PathLike | None, res
             where=f"{path}: {where}"))
     _check_unique_filenames(out)
     root = need_dir(images, "--images") if images is not None else path.resolve().parent
-    return RawDataset(name=name or str(data.get("dataset", "coco")), languages=["en"], images=out,
+    return RawDataset(name=name or str(data.get("dataset", "coco")), languages=[lang], images=out,
                       images_root=root, inputs=inputs or [path],
                       excluded={"restval_images": excluded} if excluded else {})
 
