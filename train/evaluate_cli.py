@@ -157,14 +157,14 @@ def _pairs_total(n_images: int, caption_image: torch.Tensor, protocols: Sequence
     return total
 
 
-def _check_topk(topk: int | None, ranks_path: Path | None) -> int:
+def _check_topk(topk: int | None, ranks_path: Path | None, gallery: bool = False) -> int:
     if topk is None:
         return 0
     if topk < 1:
         raise UserError(f"--topk must be at least 1, got {topk}")
-    if ranks_path is None:
-        raise UserError("--topk K lists each query's K best candidates in the --ranks OUT.csv file: "
-                        "give --ranks")
+    if ranks_path is None and not gallery:
+        raise UserError("--topk K lists each query's K best candidates in the --ranks OUT.csv file or the "
+                        "--gallery page: give one of them")
     return topk
 
 
@@ -240,13 +240,16 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
                  device: str = "auto", json_path: Path | None = None, out_dir: Path | None = None,
                  chance: bool = False, noise_seed: int = 0, length_count: int = 100,
                  fold_size: int = 1000, log: Log = print, ranks_path: Path | None = None,
-                 topk: int = 0) -> dict[str, ProtocolResult]:
+                 topk: int = 0, gallery_path: Path | None = None, gallery_queries: int = 10
+                 ) -> dict[str, ProtocolResult]:
     """Evaluate a run directory's model on ``split``; optionally the noise and length analyses.
 
     Writes ``<out>/<split>_<checkpoint>.json`` (the protocol JSON), and with the analyses
     ``<out>/noise_<split>.json`` + ``.png`` and ``<out>/length_<split>.json``; ``out`` defaults to
-    ``RUN_DIR/eval``. ``ranks_path`` (and ``topk``): the per-query CSV. The protocols and the
-    length analysis are checked against the split's size before anything is embedded.
+    ``RUN_DIR/eval``. ``ranks_path`` (and ``topk``): the per-query CSV. ``gallery_path``: an HTML
+    page of ``gallery_queries`` sampled queries per direction with their top ``topk`` (default 5)
+    results (:mod:`train.gallery`). The protocols and the length analysis are checked against the
+    split's size before anything is embedded.
     """
     from train.analysis import alphabet_from_chars_json, noise_robustness, parse_ratio_range, plot_noise
     from train.analysis import length_analysis as run_length_analysis
@@ -263,6 +266,8 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
         raise UserError(f"--length-analysis needs at least {2 * length_count} images (2 x --length-count), "
                         f"the {split} split has {n_split}")
     measure, order_sqrt = run.settings.measure, bool(run.settings.order_sqrt)
+    if gallery_path is not None and not topk:
+        topk = 5
     out = Path(out_dir) if out_dir is not None else Path(run_dir) / "eval"
     log(f"embedding the {split} split with {Path(run_dir).name} ({checkpoint} checkpoint, epoch {run.epoch}) "
         f"on {run.device}")
@@ -272,6 +277,13 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
                                   fold_size, str(run.device), chance,
                                   json_path or out / f"{split}_{checkpoint}.json", title, log=log,
                                   ranks_path=ranks_path, topk=topk)
+    if gallery_path is not None:
+        from train.gallery import write_gallery
+
+        paths = [str(run.dataset.images[i].path) for i in emb.imgids]
+        page = write_gallery(gallery_path, results[protocols[0]], emb.texts, paths, emb.caption_image.numpy(),
+                             gallery_queries, title=title)
+        log(f"wrote the retrieval gallery {page}")
     if ratios is not None:
         chars = Path(run.settings.data or "") / "chars.json"
         alphabet = alphabet_from_chars_json(chars) if chars.is_file() else None
@@ -304,8 +316,9 @@ def _evaluate_files(args: argparse.Namespace, protocols: list[str]) -> None:
         raise UserError("--measure order|cosine is required with --img-emb")
     if args.cap_emb is None:
         raise UserError("--cap-emb is required with --img-emb")
-    if args.noise or args.length_analysis:
-        raise UserError("--noise and --length-analysis re-encode or read the captions: use --run")
+    if args.noise or args.length_analysis or args.gallery:
+        raise UserError("--noise, --length-analysis and --gallery re-encode or read the captions and "
+                        "images: use --run")
     ranks_path = Path(args.ranks) if args.ranks else None
     topk = _check_topk(args.topk, ranks_path)
     captions = load_embedding_file(args.cap_emb, "caption")
@@ -323,8 +336,9 @@ def _evaluate_sims(args: argparse.Namespace, protocols: list[str]) -> None:
     if args.measure is not None or args.order_sqrt:
         raise UserError("--sims is a similarity matrix already (larger = more similar): drop --measure and "
                         "--order-sqrt")
-    if args.noise or args.length_analysis:
-        raise UserError("--noise and --length-analysis re-encode or read the captions: use --run")
+    if args.noise or args.length_analysis or args.gallery:
+        raise UserError("--noise, --length-analysis and --gallery re-encode or read the captions and "
+                        "images: use --run")
     if args.captions_per_image < 1:
         raise UserError("--captions-per-image must be at least 1")
     ranks_path = Path(args.ranks) if args.ranks else None
@@ -357,10 +371,15 @@ def _command(args: argparse.Namespace) -> int:
         if args.measure is not None:
             raise UserError("--measure comes from the run's configuration; drop it with --run")
         ranks_path = Path(args.ranks) if args.ranks else None
+        gallery = Path(args.gallery) if args.gallery else None
+        if args.gallery_queries < 1:
+            raise UserError(f"--gallery-queries must be at least 1, got {args.gallery_queries}")
         evaluate_run(Path(args.run), args.split, protocols, args.noise, args.length_analysis, args.checkpoint,
                      args.device, Path(args.json) if args.json else None,
                      Path(args.out) if args.out else None, args.chance, args.noise_seed, args.length_count,
-                     args.fold_size, ranks_path=ranks_path, topk=_check_topk(args.topk, ranks_path))
+                     args.fold_size, ranks_path=ranks_path,
+                     topk=_check_topk(args.topk, ranks_path, gallery is not None), gallery_path=gallery,
+                     gallery_queries=args.gallery_queries)
     elif args.sims is not None:
         _evaluate_sims(args, protocols)
     elif args.img_emb is not None or args.cap_emb is not None:
@@ -412,6 +431,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "ground truth index(es); indices are rows of the inputs")
     ev.add_argument("--topk", type=int, metavar="K", default=None, help="with --ranks: each query's K best "
                     "candidates and their scores (score descending, lower index first among equal scores)")
+    ev.add_argument("--gallery", metavar="OUT.html", help="with --run: a self-contained HTML page of sampled "
+                    "queries with their top --topk results (default 5), ground truth marked")
+    ev.add_argument("--gallery-queries", type=int, metavar="N", default=10,
+                    help="sampled queries per direction in the --gallery page")
     ev.add_argument("--out", metavar="DIR", help="folder for the outputs of --run (default RUN_DIR/eval)")
     ev.add_argument("--chance", action="store_true", help="add the expected metrics of a random ranking")
     ev.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
