@@ -25,7 +25,7 @@ from features.executors import cached_mapper, check_scheduler, open_executor
 from features.extract import ExtractSummary, Mapper, extract, finish_fne, write_ternary
 from features.store import FeatureStore
 from prep.dataset import DATASET_FILE, PreparedDataset
-from prep.errors import UserError, run_cli
+from prep.errors import UserError, add_common_options, run_cli
 from prep.io import exclusive_lock, sha256_file
 from prep.pipelines import FeaturesSection, add_pipeline_arguments, stage_settings
 
@@ -353,6 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repair", action="store_true",
                    help="clear the done flag of damaged blocks (and mark the store incomplete) so that the "
                         "store's `features cnn|fne` command recomputes them")
+    add_common_options(parser)
     return parser
 
 

@@ -119,8 +119,9 @@ def open_executor(scheduler: str = "none", workers: int = 2) -> Iterator[InProce
         return
     try:
         from distributed import Client, LocalCluster
-    except ImportError:  # pragma: no cover - dask[distributed] is a dependency
-        raise UserError("--scheduler needs dask[distributed]: pip install 'dask[distributed]'") from None
+    except ImportError:
+        raise UserError(f"--scheduler {scheduler} runs blocks on a Dask cluster, and Dask is not installed "
+                        "(install the extra: pip install 'vse-toolkit[dask]')") from None
     if scheduler == "local":
         # Processes, not threads: each worker holds its own model and the GIL is not shared. One
         # task at a time per worker: torch's thread count is per process, set by the mapper.

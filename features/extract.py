@@ -12,14 +12,15 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-from tqdm import tqdm
 
 from features.store import ARRAY_CONFIG, FeatureStore
+from prep import console
 from prep.errors import UserError
 
 
@@ -197,6 +198,16 @@ class Executor(Protocol):
         """Compute every task (order of results may differ from order of tasks)."""
 
 
+class _NoBar:
+    """What ``--no-progress`` shows: nothing."""
+
+    def update(self, n: int = 1) -> None:
+        """Nothing."""
+
+    def set_postfix(self, **values: object) -> None:
+        """Nothing."""
+
+
 def extract(store: FeatureStore, paths: Sequence[str | Path], factory: MapperFactory, executor: Executor,
             on_error: str = "record", progress: bool = True) -> ExtractSummary:
     """Compute every block not yet done (the loop over blocks), with a progress bar.
@@ -206,8 +217,9 @@ def extract(store: FeatureStore, paths: Sequence[str | Path], factory: MapperFac
     t0 = time.perf_counter()
     tasks = block_tasks(store, paths, on_error)
     summary = ExtractSummary(rows_skipped=store.n_rows - sum(t.rows for t in tasks))
-    with tqdm(total=store.n_rows, initial=summary.rows_skipped, unit="img", desc="features",
-              disable=not progress, dynamic_ncols=True, smoothing=0.1) as bar:
+    shown = (console.progress(total=store.n_rows, initial=summary.rows_skipped, unit="img", desc="features",
+                              smoothing=0.1) if progress else nullcontext(_NoBar()))
+    with shown as bar:
         for result in executor.run(tasks, factory):
             if result.already_done:
                 summary.rows_skipped += result.rows

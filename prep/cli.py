@@ -21,9 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-from tqdm import tqdm
-
-from prep import __version__
+from prep import __version__, console
+from prep.console import progress
 from prep.dataset import (
     CHARS_FILE,
     DATASET_FILE,
@@ -35,7 +34,7 @@ from prep.dataset import (
     foreign_entries,
     is_prepared_dataset,
 )
-from prep.errors import UserError, run_cli
+from prep.errors import UserError, add_common_options, run_cli
 from prep.io import atomic_directory, exclusive_lock, remove_stale_siblings, sha256_file, write_json_atomic
 from prep.pipelines import PrepSection, add_pipeline_arguments, stage_settings
 from prep.sources import RawCaption, RawDataset, RawImage
@@ -120,7 +119,7 @@ class _Cleaner:
     def tokenize(self, items: list[tuple[str, str]], desc: str) -> list[tuple[str, list[str], str | None]]:
         """``(raw, tokens, original)`` of each ``(lang, text)``; Japanese ``raw`` is the romaji."""
         out: list[Any] = [None] * len(items)
-        with tqdm(total=len(items), desc=desc, unit="sent", leave=False, disable=None) as bar:
+        with progress(total=len(items), desc=desc, unit="sent") as bar:
             for lang in sorted({lg for lg, _ in items}):
                 rows = [i for i, (lg, _) in enumerate(items) if lg == lang]
                 if lang == "ja":
@@ -282,7 +281,7 @@ def _build_pairs(raw: RawDataset, images: list[dict[str, Any]], sentid_of: dict[
 def find_missing_images(dataset: dict[str, Any], root: Path) -> list[str]:
     """Relative paths (``filepath/filename``) of the images not found under ``root``."""
     missing = []
-    for im in tqdm(dataset["images"], desc="checking images", unit="img", leave=False, disable=None):
+    for im in progress(dataset["images"], desc="checking images", unit="img"):
         rel = f"{im['filepath']}/{im['filename']}" if im.get("filepath") else im["filename"]
         if not (root / rel).is_file():
             missing.append(rel)
@@ -405,14 +404,14 @@ def run_prep(settings: PrepSection, overwrite: bool = False) -> Path:
         with exclusive_lock(out, "this prepared dataset"):
             check_out(out, overwrite)  # again, holding the lock: another run may have written it
             for stale in remove_stale_siblings(out):
-                print(f"prep: removed {stale.name} (left by a killed run)", file=sys.stderr)
+                console.warning(f"prep: removed {stale.name} (left by a killed run)")
             record = _prepare(settings, out, raw)
     except OSError as exc:
         error = _os_error(exc, out)
         if error is None:
             raise
         raise error from None
-    print(summary_line(settings.dataset, record, out))
+    console.result(summary_line(settings.dataset, record, out))
     return out
 
 
@@ -453,7 +452,7 @@ def _prepare(settings: PrepSection, out: Path, raw: RawDataset | None) -> dict[s
         record = {
             "format_version": FORMAT_VERSION, "prep_version": __version__, "dataset": raw.name,
             "inputs": [{"path": str(p.resolve()), "bytes": p.stat().st_size, "sha256": sha256_file(p)}
-                       for p in tqdm(raw.inputs, desc="checksums", unit="file", leave=False, disable=None)],
+                       for p in progress(raw.inputs, desc="checksums", unit="file")],
             "options": settings.model_dump(mode="json"), "images_root": str(raw.images_root),
             "counts": counts, "dropped": drops["counts"], "dropped_first": drops["first_empty_captions"],
             "excluded": raw.excluded,
@@ -604,6 +603,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="caption languages (default: en de ja)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default 0)")
     _common(p, images=False)
+    add_common_options(parser)
     return parser
 
 

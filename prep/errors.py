@@ -7,6 +7,7 @@ and the place, and exits with status 2. Everything else is a bug and keeps its t
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -18,12 +19,41 @@ class UserError(Exception):
     exit_code = 2
 
 
+#: options every command takes anywhere on its command line (see :func:`add_common_options`)
+COMMON_FLAGS = {"--traceback": "traceback", "--quiet": "quiet", "-q": "quiet", "--verbose": "verbose",
+                "-v": "verbose"}
+
+
+def add_common_options(parser: argparse.ArgumentParser) -> None:
+    """Show ``--quiet``, ``--verbose`` and ``--traceback`` in the help of ``parser`` and every subcommand.
+
+    :func:`run_cli` takes them out of the command line wherever they are, before parsing.
+    """
+    group = parser.add_argument_group("common options (any command)")
+    group.add_argument("-q", "--quiet", action="store_true", help="print only results and warnings")
+    group.add_argument("-v", "--verbose", action="store_true", help="print more details")
+    group.add_argument("--traceback", action="store_true",
+                       help="show the full traceback of an error (also VSE_TRACEBACK=1)")
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                add_common_options(sub)
+
+
 def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None, prog: str) -> int:
-    """Run ``main(argv)``; turn a :class:`UserError` into ``prog: error: ...`` and status 2."""
+    """Run ``main(argv)``; turn a :class:`UserError` into ``prog: error: ...`` and status 2.
+
+    The common options (``--quiet``/``-q``, ``--verbose``/``-v``, ``--traceback``) are taken out of
+    the command line first, wherever they are, and set :mod:`prep.console`'s verbosity.
+    """
+    from prep import console
+
     args = list(sys.argv[1:] if argv is None else argv)
-    show_tb = "--traceback" in args or os.environ.get("VSE_TRACEBACK") == "1"
-    if "--traceback" in args:
-        args.remove("--traceback")
+    flags = {COMMON_FLAGS[a] for a in args if a in COMMON_FLAGS}
+    args = [a for a in args if a not in COMMON_FLAGS]
+    show_tb = "traceback" in flags or os.environ.get("VSE_TRACEBACK") == "1"
+    console.set_verbosity(console.QUIET if "quiet" in flags else
+                          console.VERBOSE if "verbose" in flags else console.NORMAL)
     try:
         return int(main(args) or 0)
     except UserError as exc:

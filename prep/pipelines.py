@@ -226,15 +226,29 @@ SECTIONS: dict[str, type[Section]] = {
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
+def packaged_pipelines_file() -> Path:
+    """The project's ``pipelines.yaml`` as installed: ``train/pipelines.yaml`` (a link to the
+    project's file in a checkout, a copy in a wheel)."""
+    return Path(__file__).resolve().parents[1] / "train" / "pipelines.yaml"
+
+
 def default_pipelines_file() -> Path:
-    """``$VSE_PIPELINES``, else ``./pipelines.yaml``, else the project's own ``pipelines.yaml``."""
+    """``$VSE_PIPELINES``, else ``./pipelines.yaml``, else the installed project's ``pipelines.yaml``."""
     env = os.environ.get("VSE_PIPELINES")
     if env:
         return Path(env)
     local = Path("pipelines.yaml")
     if local.is_file():
         return local
-    return Path(__file__).resolve().parents[1] / "pipelines.yaml"
+    return packaged_pipelines_file()
+
+
+def _paths_base(path: Path) -> Path:
+    """Where a pipelines file's relative paths start: its own folder, except for the installed copy
+    (inside site-packages), whose outputs go under the current directory."""
+    if path.absolute() == packaged_pipelines_file():
+        return Path.cwd()
+    return path.resolve().parent
 
 
 def _expand(value: str, where: str, strict: bool) -> str:
@@ -320,7 +334,7 @@ def load_pipelines(file: str | os.PathLike | None = None, expand: str | None = N
     unknown = set(raw) - {"pipelines"}
     if unknown:
         raise UserError(f"{path}: unknown top-level key '{sorted(unknown)[0]}'")
-    base = path.resolve().parent
+    base = _paths_base(path)
     out: dict[str, Pipeline] = {}
     for name, body in raw["pipelines"].items():
         if not isinstance(body, dict):

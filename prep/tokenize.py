@@ -25,13 +25,17 @@ def _blank(lang: str):  # -> spacy.Language (imported lazily: spaCy takes a seco
     try:
         return spacy.blank(lang)
     except ImportError as exc:  # the Japanese tokenizer needs sudachipy + sudachidict_core
-        raise UserError(f"spaCy's '{lang}' tokenizer is unavailable: {exc}") from None
+        hint = " (install the Japanese extra: pip install 'vse-toolkit[ja]')" if lang == "ja" else ""
+        raise UserError(f"spaCy's '{lang}' tokenizer is unavailable: {exc}{hint}") from None
 
 
 @cache
 def _kakasi():
-    import pykakasi
-
+    try:
+        import pykakasi
+    except ImportError:
+        raise UserError("Japanese captions are romanized with pykakasi, which is not installed (install the "
+                        "Japanese extra: pip install 'vse-toolkit[ja]')") from None
     return pykakasi.kakasi()
 
 

@@ -280,3 +280,53 @@ def test_a_store_made_for_other_images_is_refused(tmp_path, capsys) -> None:
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(mine) in err and str(other) in err
     assert train_cli([*args, "--data", str(mine), "--out", str(tmp_path / "r2")]) == 0
+
+
+def test_logs_without_a_terminal_quiet_and_the_run_log(data, tmp_path, capsys, monkeypatch) -> None:
+    prepared, features = data
+    monkeypatch.setenv("VSE_PROGRESS_SECONDS", "0")  # a progress line after every batch
+    run = tmp_path / "logged"
+    args = ["chain", "--data", str(prepared), "--features", features, *TINY, "--epochs", "2"]
+    assert train_cli([*args, "--out", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "\r" not in out
+    progress = [line for line in out.splitlines() if line.startswith("epoch 1/2: ")]
+    assert progress and re.search(r"epoch 1/2: \d+/\d+ batch \(\d+%\), [\d.]+ batch/s, elapsed", progress[0])
+    assert "epoch 2: loss" in out and "test split, best checkpoint" in out
+    log = (run / "train.log").read_text()
+    assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d epoch 1: loss", log, re.M)
+    assert "test split, best checkpoint" in log
+    # --quiet: the result (the test table) and nothing else; the run log still has everything
+    quiet = tmp_path / "quiet"
+    assert train_cli([*args, "--out", str(quiet), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "test split, best checkpoint" in out
+    assert "epoch 1" not in out and "parameters:" not in out
+    assert "epoch 1: loss" in (quiet / "train.log").read_text()
+
+
+def test_tensorboard_scalars_when_tensorboard_is_installed(data, tmp_path, monkeypatch) -> None:
+    import types
+
+    written: list[tuple[str, float, int]] = []
+
+    class Writer:
+        def __init__(self, logdir: str, purge_step: int) -> None:
+            self.logdir = logdir
+            written.append(("open", purge_step, 0))
+
+        def add_scalar(self, tag: str, value: float, step: int) -> None:
+            written.append((tag, value, step))
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=Writer))
+    prepared, features = data
+    run = tmp_path / "tb"
+    assert train_cli(["chain", "--data", str(prepared), "--features", features, *TINY, "--epochs", "2",
+                      "--out", str(run)]) == 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert ("val/rsum", records[1]["rsum"], 2) in written and ("train/loss", records[0]["loss"], 1) in written
+    tags = {"open", "train/loss", "val/rsum", "train/lr", "train/captions_per_s"}
+    assert {tag for tag, _, _ in written} == tags

@@ -9,7 +9,7 @@ import argparse
 import importlib
 from collections.abc import Sequence
 
-from prep.errors import run_cli
+from prep.errors import add_common_options, run_cli
 
 #: modules that register subcommands, in --help order
 COMMAND_MODULES = ("train.fit", "train.evaluate_cli", "train.query", "train.summary", "train.pipeline")
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    add_common_options(parser)
     return parser
 
 

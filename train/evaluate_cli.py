@@ -138,10 +138,9 @@ def sims_images(sims: np.ndarray, captions_per_image: int, transposed: bool, nam
 
 
 def _progress_hook(results_total: int) -> tuple[TileHook, Callable[[], None]]:
-    from tqdm.auto import tqdm
+    from prep.console import progress
 
-    # disable=None: a bar on a terminal only, not a stray "0%" line in logs
-    bar = tqdm(total=results_total, unit="pair", unit_scale=True, desc="ranking", leave=False, disable=None)
+    bar = progress(total=results_total, unit="pair", unit_scale=True, desc="ranking")
 
     def on_tile(i0: int, i1: int, c0: int, c1: int) -> None:
         bar.update((i1 - i0) * (c1 - c0))

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from prep import console
 from prep.dataset import PreparedDataset
 from prep.errors import UserError
 from prep.io import exclusive_lock
@@ -43,6 +44,8 @@ from train.trainer import BEST, LAST, Trainer, resolve_device, retrieval_metrics
 
 #: defaults of --alphabet-size / --image-dim for a --dry-run without data (COCO's lowercased
 #: alphabet is about 70 symbols; VGG fc7 features have 4096 dimensions)
+#: every message of a training run, time-stamped, in the run directory
+TRAIN_LOG = "train.log"
 DRY_RUN_ALPHABET = 72
 DRY_RUN_IMAGE_DIM = 4096
 #: default --vocab-size of a word model's --dry-run without data: the SEAM paper's COCO vocabulary
@@ -203,7 +206,7 @@ def _seed_everything(seed: int) -> None:
 
 def run_training(settings: TrainSection, resume: bool = False, overwrite: bool = False, dry_run: bool = False,
                  alphabet_size: int | None = None, image_dim: int | None = None,
-                 vocab_size: int | None = None, log: Callable[[str], None] = print) -> Path:
+                 vocab_size: int | None = None, log: Callable[[str], None] = console.info) -> Path:
     """Train (or with ``dry_run`` only build) the model ``settings`` describes; returns the run dir.
 
     ``resume`` continues ``settings.out`` from its newest checkpoint (a :class:`UserError` names
@@ -217,7 +220,7 @@ def run_training(settings: TrainSection, resume: bool = False, overwrite: bool =
     settings = absolute_settings(settings)
     run_dir = Path(settings.out)
     if dry_run:
-        _dry_run(settings, alphabet_size, image_dim, vocab_size, log)
+        _dry_run(settings, alphabet_size, image_dim, vocab_size)
         return run_dir
     if not settings.data:
         raise UserError("--data is required (give it or use --pipeline)")
@@ -226,17 +229,18 @@ def run_training(settings: TrainSection, resume: bool = False, overwrite: bool =
     spec = model_spec(settings)
     feature_spec(settings.features, regions=spec.image_encoder != "linear")
     with exclusive_lock(run_dir, "the run directory"):
-        _train(settings, spec, run_dir, resume, overwrite, log)
+        prepare_run_dir(run_dir, resume=resume, overwrite=overwrite)
+        with console.log_file(run_dir / TRAIN_LOG):
+            _train(settings, spec, run_dir, resume, log)
     return run_dir
 
 
-def _train(settings: TrainSection, spec: ModelSpec, run_dir: Path, resume: bool, overwrite: bool,
+def _train(settings: TrainSection, spec: ModelSpec, run_dir: Path, resume: bool,
            log: Callable[[str], None]) -> None:
-    """:func:`run_training` once the run directory is locked."""
+    """:func:`run_training` once the run directory is locked and prepared (messages also in train.log)."""
     from train.models.vse import build_model
     from train.objectives import build_objective
 
-    prepare_run_dir(run_dir, resume=resume, overwrite=overwrite)
     remove_stale_temporaries(run_dir / "checkpoints")
     device = resolve_device(settings.device)
     train_set, val_set, config = _load_data(settings, spec)
@@ -264,8 +268,8 @@ def _train(settings: TrainSection, spec: ModelSpec, run_dir: Path, resume: bool,
 
 
 def _dry_run(settings: TrainSection, alphabet_size: int | None, image_dim: int | None,
-             vocab_size: int | None, log: Callable[[str], None]) -> None:
-    """Build the model and print its parameter counts per part; sizes from the data when given."""
+             vocab_size: int | None) -> None:
+    """Build the model and print its parameter counts per part (results); sizes from the data when given."""
     from train.models.vse import build_model
 
     spec = model_spec(settings)
@@ -278,9 +282,10 @@ def _dry_run(settings: TrainSection, alphabet_size: int | None, image_dim: int |
     shape = _feature_shape(settings.features) if settings.features else (image_dim or DRY_RUN_IMAGE_DIM,)
     model = build_model(settings, vocab, shape, spec)
     what = "word vocabulary" if spec.text_input == "words" else "alphabet"
-    log(f"{settings.family}: {what} {vocab}, image features {' x '.join(map(str, shape))}, d {settings.d}")
+    dims = " x ".join(map(str, shape))
+    console.result(f"{settings.family}: {what} {vocab}, image features {dims}, d {settings.d}")
     for part, count in model.parameter_report().items():
-        log(f"  {part.replace('_', ' '):<16} {count:>12,}")
+        console.result(f"  {part.replace('_', ' '):<16} {count:>12,}")
 
 
 def _load_data(settings: TrainSection, spec: ModelSpec) -> tuple[CaptionSet, CaptionSet, dict[str, Any]]:
@@ -328,7 +333,7 @@ def _continue(trainer: Trainer, settings: TrainSection, log: Callable[[str], Non
 
 
 def evaluate_test(run_dir: Path, settings: TrainSection, device: torch.device,
-                  log: Callable[[str], None] = print) -> None:
+                  log: Callable[[str], None] = console.info) -> None:
     """Evaluate the best checkpoint on the test split: ``eval/test.json`` and the printed table."""
     if not (run_dir / "checkpoints" / BEST).is_file():
         log("no best checkpoint (no epoch finished); test evaluation skipped")
@@ -342,7 +347,8 @@ def evaluate_test(run_dir: Path, settings: TrainSection, device: torch.device,
         "split": "test", "checkpoint": "best", "epoch": run.epoch, "measure": settings.measure,
         "order_sqrt": settings.order_sqrt, "lang": settings.lang, "images": int(emb.images.shape[0]),
         "captions": int(emb.captions.shape[0]), "protocols": results_json(results)})
-    log(format_results(results, title=f"{run_dir.name}: test split, best checkpoint (epoch {run.epoch})"))
+    title = f"{run_dir.name}: test split, best checkpoint (epoch {run.epoch})"
+    console.result(format_results(results, title=title))
 
 
 def _code_version() -> str:

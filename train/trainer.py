@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
+from prep.console import progress
 from prep.io import write_json_atomic
 from prep.pipelines import TrainSection
 from train.checkpoint import restore_rng_states, rng_states, save_checkpoint
@@ -39,6 +39,7 @@ BEST = "best.pt"
 LAST = "last.pt"
 METRICS = "metrics.jsonl"
 CURVES = "curves.png"
+TENSORBOARD = "tensorboard"
 
 
 def resolve_device(name: str) -> torch.device:
@@ -173,6 +174,7 @@ class Trainer:
         self.bad_epochs = 0
         self.history: list[dict[str, Any]] = []
         self.finished = False
+        self._tb_writer: Any = None  # None: not tried yet; False: TensorBoard is not installed
 
     # -- checkpoints -------------------------------------------------------------------------------
     @property
@@ -252,8 +254,8 @@ class Trainer:
         loader = batch_loader(self.train_set, remaining, workers=s.workers,
                               pin_memory=self.device.type == "cuda")
         self.model.train()
-        bar = tqdm(total=len(batches), initial=self.position, desc=f"epoch {self.epoch + 1}/{s.epochs}",
-                   unit="batch", dynamic_ncols=True, leave=False, disable=None)
+        bar = progress(total=len(batches), initial=self.position, desc=f"epoch {self.epoch + 1}/{s.epochs}",
+                       unit="batch")
         tick = time.perf_counter()
         for batch in loader:
             loss = self._step(batch)
@@ -289,6 +291,23 @@ class Trainer:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
         self.optimizer.step()
         return float(loss.detach())
+
+    def _tensorboard(self, record: dict[str, Any]) -> None:
+        """Per-epoch scalars in ``RUN_DIR/tensorboard`` when TensorBoard is installed (else nothing)."""
+        if self._tb_writer is None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # optional: torch.utils.tensorboard needs the tensorboard package
+                self._tb_writer = False
+                return
+            # purge_step: a resumed run replaces what an interrupted one logged after its checkpoint
+            self._tb_writer = SummaryWriter(str(self.run_dir / TENSORBOARD), purge_step=record["epoch"])
+        if self._tb_writer is False:
+            return
+        for key in ("loss", "rsum", "lr", "captions_per_s"):
+            self._tb_writer.add_scalar(f"train/{key}" if key != "rsum" else "val/rsum", record[key],
+                                       record["epoch"])
+        self._tb_writer.flush()
 
     def validate(self) -> tuple[float, dict[str, Any]]:
         """Embed the validation split and score it under ``val_protocol``: ``(rsum, metrics JSON)``."""
@@ -341,6 +360,7 @@ class Trainer:
         self.save(LAST)
         self.write_metrics()
         plot_training_curves(self.history, self.run_dir / CURVES, title=self.run_dir.name)
+        self._tensorboard(record)
         note = " (best)" if improved else f" ({self.bad_epochs} without improvement)"
         if self.finished and self.bad_epochs >= s.early_stop:
             note += f"; early stop after {s.early_stop} epochs without improvement"

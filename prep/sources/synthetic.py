@@ -17,6 +17,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
+from prep.console import progress
 from prep.errors import UserError
 from prep.sources import RawCaption, RawDataset, RawImage
 
@@ -185,9 +186,7 @@ def generate_synthetic(out_dir: Path, num_images: int, image_size: int, captions
     images_dir = out_dir / "images"
     images_dir.mkdir(parents=True, exist_ok=True)
     out: list[RawImage] = []
-    from tqdm import tqdm
-
-    for i in tqdm(range(num_images), desc="synthetic images", unit="img", leave=False, disable=None):
+    for i in progress(range(num_images), desc="synthetic images", unit="img"):
         scene = _random_scene(rng)
         img = Image.new("RGB", (image_size, image_size), BACKGROUND)
         draw = ImageDraw.Draw(img)
