@@ -330,3 +330,27 @@ def test_tensorboard_scalars_when_tensorboard_is_installed(data, tmp_path, monke
     assert ("val/rsum", records[1]["rsum"], 2) in written and ("train/loss", records[0]["loss"], 1) in written
     tags = {"open", "train/loss", "val/rsum", "train/lr", "train/captions_per_s"}
     assert {tag for tag, _, _ in written} == tags
+
+
+def test_export_embeddings_reproduce_the_test_evaluation(data, tmp_path, capsys) -> None:
+    import numpy as np
+
+    from train.cli import main as train_main
+    from train.evaluate import evaluate_protocols
+
+    prepared, features = data
+    run = tmp_path / "exp"
+    assert train_cli(["chain", "--data", str(prepared), "--features", features, *TINY, "--epochs", "1",
+                      "--out", str(run)]) == 0
+    out = tmp_path / "emb"
+    assert train_main(["export-embeddings", "--run", str(run), "--out", str(out), "--device", "cpu"]) == 0
+    img, cap = np.load(out / "test_img.npy"), np.load(out / "test_cap.npy")
+    caption_image = np.load(out / "test_caption_image.npy")
+    ids = json.loads((out / "test_ids.json").read_text())
+    assert img.shape[0] == len(ids["images"]) and cap.shape[0] == len(ids["captions"]) == len(caption_image)
+    assert (np.diff(caption_image) >= 0).all()  # captions grouped by image, in image order
+    metrics = evaluate_protocols(img, cap, caption_image, "order")["all"].metrics.to_dict()
+    stored = json.loads((run / "eval" / "test.json").read_text())["protocols"]["all"]
+    for direction in ("i2t", "t2i"):
+        for key in ("r1", "r5", "r10", "medr", "meanr"):
+            assert metrics[direction][key] == pytest.approx(stored[direction][key]), (direction, key)

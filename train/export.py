@@ -1,0 +1,78 @@
+"""``train export-embeddings --run R``: a run's image and caption embeddings as ``.npy`` files.
+
+For each split asked for, in the layout other codebases evaluate (VSE++/SCAN): ``{split}_img.npy``
+(N, d) one row per image in the split's image order, ``{split}_cap.npy`` (M, d) the captions grouped
+by image in the same order, ``{split}_caption_image.npy`` (M,) the row of each caption's image, and
+``{split}_ids.json`` (each image's prepared imgid, COCO id where known and file; each caption's
+text). ``train evaluate --img-emb {split}_img.npy --cap-emb {split}_cap.npy`` reads them back when
+every image has the same number of captions.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from prep import console
+from prep.errors import UserError
+from prep.io import atomic_file, write_json_atomic
+
+
+def _save(path: Path, array: np.ndarray) -> None:
+    with atomic_file(path, "wb") as fh:
+        np.save(fh, array)
+
+
+def export_embeddings(run_dir: str | Path, out: str | Path, splits: list[str], checkpoint: str = "best",
+                      device: str = "auto") -> list[Path]:
+    """Embed ``splits`` with the run's model and write the files above into ``out``; returns them."""
+    from train.runs import embed_split, load_run
+
+    run = load_run(run_dir, checkpoint, device)
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out}: exists and is not a folder")
+    written: list[Path] = []
+    for split in splits:
+        emb = embed_split(run, split)
+        order = np.argsort(emb.caption_image.numpy(), kind="stable")  # captions grouped by image
+        caption_image = emb.caption_image.numpy()[order]
+        images = [run.dataset.images[i] for i in emb.imgids]
+        ids = {"run": str(Path(run_dir).resolve()), "checkpoint": checkpoint, "epoch": run.epoch,
+               "measure": run.settings.measure, "lang": run.settings.lang,
+               "images": [{"imgid": int(im.imgid), "cocoid": im.cocoid, "file": str(im.path)}
+                          for im in images],
+               "captions": [emb.texts[k] for k in order]}
+        files = {f"{split}_img.npy": emb.images.numpy(), f"{split}_cap.npy": emb.captions.numpy()[order],
+                 f"{split}_caption_image.npy": caption_image.astype(np.int64)}
+        for name, array in files.items():
+            _save(out / name, np.ascontiguousarray(array, dtype=array.dtype))
+            written.append(out / name)
+        write_json_atomic(out / f"{split}_ids.json", ids)
+        written.append(out / f"{split}_ids.json")
+        console.info(f"{split}: {len(images)} images, {len(order)} captions, d = {emb.images.shape[1]}")
+    return written
+
+
+def _command(args: argparse.Namespace) -> int:
+    splits = args.split or ["test"]
+    written = export_embeddings(args.run, args.out, splits, args.checkpoint, args.device)
+    console.result(f"wrote {len(written)} files to {args.out}: " + ", ".join(p.name for p in written))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``train export-embeddings``."""
+    p = sub.add_parser("export-embeddings", help="write a run's image and caption embeddings as .npy",
+                       description=__doc__.split("\n\n")[1].replace("\n", " "))
+    p.add_argument("--run", metavar="RUN_DIR", required=True,
+                   help="a run directory written by `train <family>`")
+    p.add_argument("--out", metavar="DIR", required=True, help="folder to write the files into")
+    p.add_argument("--split", action="append", choices=("train", "val", "test"),
+                   help="split to export (repeatable; default test)")
+    p.add_argument("--checkpoint", default="best", choices=("best", "last"), help="checkpoint (default best)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    p.set_defaults(func=_command)
+
