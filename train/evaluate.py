@@ -30,9 +30,9 @@ Ties are exact float equality of the computed scores, and the ground truth's sco
 from the very tile that is counted (below), so the same pair is never compared with a differently
 rounded copy of itself. Two *different* pairs whose exact scores are equal (duplicate rows) get the
 same float when the similarity is computed the same way for both: true of the order-violation
-kernels and of BLAS products on tiles of at least 16 x 16 (MKL rounds a row's products differently
-depending on its position in smaller products, so a tiny problem with inexact duplicate rows may
-break such a tie either way, as any implementation would).
+kernels and, as far as we saw with MKL, of products of the default tile sizes (MKL rounds a row's
+products differently depending on its position in products of a few rows or columns, so a tiny
+problem with inexact duplicate rows may break such a tie either way, as any implementation would).
 
 Two passes over the tiles. Captions are grouped by image (sorted by ``caption_image``; a copy when
 the input is not), images are cut into row blocks and each row block's captions into column
