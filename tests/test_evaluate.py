@@ -520,6 +520,8 @@ def test_similarity_matrix_errors() -> None:
         evaluate_similarities(np.zeros((4, 20), np.int32), ci)
     with pytest.raises(UserError, match="grouped by image"):
         evaluate_similarities(np.zeros((4, 20), np.float32), ci[::-1].copy())
+    with pytest.raises(UserError, match="1k needs at least 1000 images, the similarity matrix has 4"):
+        evaluate_similarities(np.zeros((4, 20), np.float32), ci, ["all", "1k"])
 
 
 # --------------------------------------------------------------------------- report and CLI
@@ -645,3 +647,22 @@ def test_cli_prints_the_warnings_under_the_table(tmp_path, capsys) -> None:
     assert lines[-1].startswith("evaluated 20 images x 100 captions")
     data = json.loads((tmp_path / "r.json").read_text())["all"]
     assert data["i2t"]["r1"] == 0.0 and data["i2t"]["meanr"] == 96 and data["i2t"]["ties"] == 20
+
+
+def test_trainer_validation_warns_once_per_evaluation(capsys) -> None:
+    """The trainer's validation (COCO-5cv here: five folds) prints the tie warning once, on stderr."""
+    from types import SimpleNamespace
+
+    from train.trainer import retrieval_metrics
+
+    rng = np.random.default_rng(27)
+    im = rng.integers(0, 4, size=(5000, 4)).astype(np.float32) / 4  # few distinct rows: ties everywhere
+    cap = rng.integers(0, 4, size=(25000, 4)).astype(np.float32) / 4
+    settings = SimpleNamespace(measure="cosine", order_sqrt=False, val_protocol="5cv")
+    for _ in range(2):  # two validations (epochs): one line each
+        results = retrieval_metrics(torch.from_numpy(im), torch.from_numpy(cap), vsepp_caption_image(5000),
+                                    settings, device=torch.device("cpu"))
+        assert results["5cv"].metrics.t2i.ties > 4000
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(lines) == 2
+    assert all("tied by another candidate" in line and "COCO-5cv" in line for line in lines)

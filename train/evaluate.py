@@ -835,9 +835,10 @@ def select_images(images: torch.Tensor, captions: torch.Tensor, caption_image: t
     return images[start:stop], captions[index.to(captions.device)], caption_image[index] - start
 
 
-def _plan(protocols: Sequence[str], n_images: int, fold_size: int) -> list[tuple[str, list[tuple[int, int]]]]:
+def _plan(protocols: Sequence[str], n_images: int, fold_size: int,
+          have: str = "the embeddings have") -> list[tuple[str, list[tuple[int, int]]]]:
     """Every protocol's folds, checked before any work starts."""
-    return [(p, protocol_folds(p, n_images, fold_size)) for p in protocols]
+    return [(p, protocol_folds(p, n_images, fold_size, have)) for p in protocols]
 
 
 def _fold_work(plan: list[tuple[str, list[tuple[int, int]]]], caption_image: torch.Tensor) -> int:
@@ -966,7 +967,7 @@ def evaluate_similarities(sims: np.ndarray, caption_image: np.ndarray | torch.Te
     check_similarity_matrix(sims, ci_cpu, transposed)
     dev = _resolve_device(device)
     n = sims.shape[1] if transposed else sims.shape[0]
-    plan = _plan(protocols, n, fold_size)
+    plan = _plan(protocols, n, fold_size, have="the similarity matrix has")
     blocks = _blocks(None, 0, dev, block_images, block_captions)
     ci = ci_cpu.to(dev)
 
