@@ -627,6 +627,8 @@ def test_cli_ranks_csv_with_topk_on_embeddings_and_sims(tmp_path, capsys) -> Non
     assert code == 2 and "drop --measure" in capsys.readouterr().err
     code = train_main(["evaluate", *runs["sims"], "--captions-per-image", "3", "--topk", "5"])
     assert code == 2 and "give --ranks" in capsys.readouterr().err
+    code = train_main(["evaluate", *runs["sims"], "--captions-per-image", "3", "--protocol", "5k"])
+    assert code == 2 and "5000 images, the similarity matrix has 30" in capsys.readouterr().err
     code = train_main(["evaluate", *runs["sims"], *runs["emb"]])
     assert code == 2 and "not --img-emb/--cap-emb and --sims" in capsys.readouterr().err
 
