@@ -3,15 +3,16 @@
 Each (measure, d) configuration runs in a fresh subprocess, so that its peak memory is its own and
 the order-violation kernel is compiled (or not) as in a fresh ``train evaluate``. In that process:
 
-* ``matmul s``: a bare float32 ``images @ captions.T`` of the same shapes (N x M output, the best of
-  two calls): what any evaluation has to compute at least;
-* ``eval s``: one ``ground_truth_ranks`` call (both directions, ties and NaN counted, bounded
-  memory), and ``ratio`` = eval / matmul;
+* ``matmul s``: a bare float32 ``images @ captions.T`` of the same shapes (N x M output): what any
+  evaluation has to compute at least;
+* ``eval s``: one ``ground_truth_ranks`` call (both directions, ties counted, bounded memory), and
+  ``ratio`` = eval / matmul; the two are alternated ``--repeat`` times (default 3) and the best time of
+  each is reported, so that both see the same machine load (the load average is printed);
 * for order on the CPU, ``compile s``: the compilation of the fused kernel, made (and timed) before
   the clock starts when the evaluation would compile it (``COMPILE_MIN_WORK``); the ``kernel``
   column says which kernel ran (``compiled``, ``blocked``, ``eager``; ``--order-kernel`` forces one);
 * the RSS high-water mark after building the embeddings and after the evaluation (``ru_maxrss``;
-  the matrix product's N x M output is counted after the evaluation, so it runs last), on CUDA
+  the matrix product's N x M output comes after the evaluation's high-water mark), on CUDA
   ``torch.cuda.max_memory_allocated``.
 
 With ``--images`` below 5,000 the run is scaled down and ``5k x 25k s`` extrapolates the evaluation
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -47,8 +49,8 @@ def _sync(device: str) -> None:
 
 
 def run_one(measure: str, dim: int, images: int, per_image: int, device: str, threads: int | None,
-            block_images: int | None, block_captions: int | None, order_kernel: str = "auto"
-            ) -> dict[str, object]:
+            block_images: int | None, block_captions: int | None, order_kernel: str = "auto",
+            repeat: int = 3) -> dict[str, object]:
     """Evaluate one configuration in this process; returns the measurements."""
     import torch
 
@@ -77,13 +79,22 @@ def run_one(measure: str, dim: int, images: int, per_image: int, device: str, th
             similarity_module.prepare_compiled_kernel(dim, log=print)
             compile_s = time.perf_counter() - t0
     rss_before = _maxrss_mb()
-    stats = TileStats()
-    t0 = time.perf_counter()
-    ranks = ground_truth_ranks(img, cap, ci, measure, device=device, block_images=block_images,
-                               block_captions=block_captions, stats=stats, order_kernel=order_kernel)
-    _sync(device)
-    seconds = time.perf_counter() - t0
-    rss_eval = _maxrss_mb()
+    evals, matmul = [], []
+    for _ in range(repeat):  # alternate, so that both see the same machine load
+        stats = TileStats()
+        t0 = time.perf_counter()
+        ranks = ground_truth_ranks(img, cap, ci, measure, device=device, block_images=block_images,
+                                   block_captions=block_captions, stats=stats, order_kernel=order_kernel)
+        _sync(device)
+        evals.append(time.perf_counter() - t0)
+        if len(evals) == 1:  # before any N x M product exists
+            rss_eval = _maxrss_mb()
+        t0 = time.perf_counter()
+        product = img @ cap.t()
+        _sync(device)
+        matmul.append(time.perf_counter() - t0)
+        del product
+    seconds = min(evals)
     kernel = ""
     if measure == "order":
         if device.startswith("cuda") or order_kernel == "eager":
@@ -92,18 +103,11 @@ def run_one(measure: str, dim: int, images: int, per_image: int, device: str, th
             kernel = "compiled"
         else:
             kernel = "blocked"
-    matmul = []
-    for _ in range(2):
-        t0 = time.perf_counter()
-        product = img @ cap.t()
-        _sync(device)
-        matmul.append(time.perf_counter() - t0)
-        del product
     pairs = n * m
     full_pairs = FULL_IMAGES * FULL_IMAGES * FULL_CAPTIONS_PER_IMAGE
     out = {
         "measure": measure, "dim": dim, "images": n, "captions": m, "device": device,
-        "threads": torch.get_num_threads(), "seconds": seconds, "matmul_s": min(matmul),
+        "threads": torch.get_num_threads(), "seconds": seconds, "matmul_s": min(matmul), "repeat": repeat,
         "ratio": seconds / min(matmul), "pairs_per_s": pairs / seconds,
         "full_seconds": seconds * full_pairs / pairs, "measured_full": pairs >= full_pairs,
         "rss_embeddings_mb": rss_before, "rss_eval_mb": rss_eval,
@@ -129,26 +133,29 @@ def main() -> None:
     parser.add_argument("--block-captions", type=int, default=None)
     parser.add_argument("--order-kernel", default="auto", choices=["auto", "eager", "blocked", "compiled"],
                         help="order on the CPU: the kernel of every tile (auto: as train evaluate)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="evaluations and matrix products, alternated; the best of each is reported")
     parser.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.single:
         print(json.dumps(run_one(args.measure[0], args.dim[0], args.images, args.captions_per_image,
                                  args.device, args.threads, args.block_images, args.block_captions,
-                                 args.order_kernel)))
+                                 args.order_kernel, max(1, args.repeat))))
         return
     if args.measure is None and args.dim is None:
         runs = list(DEFAULT_RUNS)
     else:
         runs = [(measure, dim) for measure in (args.measure or ["cosine", "order"])
                 for dim in (args.dim or [1024])]
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"{'measure':8}{'d':>6}{'images':>8}{'captions':>10}{'threads':>8}{'tile':>11}{'matmul s':>10}"
           f"{'eval s':>9}{'ratio':>7}{'5k x 25k s':>12}{'RSS MB emb/eval':>17}{'CUDA MB':>9}{'kernel':>10}"
           f"{'compile s':>10}")
     for measure, dim in runs:
         cmd = [sys.executable, __file__, "--single", "--measure", measure, "--dim", str(dim),
                "--images", str(args.images), "--captions-per-image", str(args.captions_per_image),
-               "--device", args.device, "--order-kernel", args.order_kernel]
+               "--device", args.device, "--order-kernel", args.order_kernel, "--repeat", str(args.repeat)]
         for flag, value in (("--threads", args.threads), ("--block-images", args.block_images),
                             ("--block-captions", args.block_captions)):
             if value:
@@ -165,8 +172,9 @@ def main() -> None:
               f"{r['rss_embeddings_mb']:>8.0f}/{r['rss_eval_mb']:<8.0f}"
               f"{r.get('cuda_peak_mb', float('nan')):>9.0f}{r['kernel']:>10}{r['compile_s']:>10.1f}",
               flush=True)
-    print("matmul: a bare float32 images @ captions.T of the same shapes; ratio = eval / matmul; "
-          "* extrapolated from the measured rate")
+    print("matmul: a bare float32 images @ captions.T of the same shapes; eval s and matmul s: the best of "
+          f"{args.repeat}, alternated; ratio = eval / matmul; * extrapolated from the measured rate")
+    print(f"load average {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

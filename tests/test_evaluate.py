@@ -197,14 +197,15 @@ def test_tie_rule_counts_ties_against_the_ground_truth() -> None:
     assert [line.split(":")[0] for line in lines] == ["warning"] * 3  # constant images, captions; ties
 
 
-@pytest.mark.parametrize("measure", ["cosine", "order"])
-def test_constant_caption_encoder_scores_worst_not_best(measure: str) -> None:
+def test_constant_caption_encoder_scores_worst_not_best(kernel) -> None:
     """Real-valued (inexact) embeddings at the default tiles, as a collapsed model produces them."""
+    measure, order_kernel = kernel
     ci = vsepp_caption_image(100, 5)
     im, cap = random_embeddings(100, 500, 64, measure, seed=20)
     constant = np.repeat(cap[:1], 500, axis=0)
     lines: list[str] = []
-    results = evaluate_protocols(im, constant, ci, measure, ["all"], device="cpu", log=lines.append)
+    results = evaluate_protocols(im, constant, ci, measure, ["all"], device="cpu", order_kernel=order_kernel,
+                                 log=lines.append)
     metrics = results["all"].metrics
     assert metrics.i2t.r1 == metrics.i2t.r10 == 0.0 and metrics.i2t.meanr == 500 - 5 + 1
     assert metrics.i2t.ties == 100 and metrics.rsum < 20
@@ -212,7 +213,7 @@ def test_constant_caption_encoder_scores_worst_not_best(measure: str) -> None:
     assert any("i2t 100 of 100 queries (100.0%, all)" in line for line in lines)
     # constant images: every caption ranks its image last
     results = evaluate_protocols(np.repeat(im[:1], 100, axis=0), cap, ci, measure, ["all"], device="cpu",
-                                 log=quiet)
+                                 order_kernel=order_kernel, log=quiet)
     assert results["all"].metrics.t2i.meanr == 100 and results["all"].metrics.t2i.r10 == 0.0
 
 
@@ -519,6 +520,8 @@ def test_similarity_matrix_errors() -> None:
         evaluate_similarities(np.zeros((4, 20), np.int32), ci)
     with pytest.raises(UserError, match="grouped by image"):
         evaluate_similarities(np.zeros((4, 20), np.float32), ci[::-1].copy())
+    with pytest.raises(UserError, match="1k needs at least 1000 images, the similarity matrix has 4"):
+        evaluate_similarities(np.zeros((4, 20), np.float32), ci, ["all", "1k"])
 
 
 # --------------------------------------------------------------------------- report and CLI
@@ -624,6 +627,8 @@ def test_cli_ranks_csv_with_topk_on_embeddings_and_sims(tmp_path, capsys) -> Non
     assert code == 2 and "drop --measure" in capsys.readouterr().err
     code = train_main(["evaluate", *runs["sims"], "--captions-per-image", "3", "--topk", "5"])
     assert code == 2 and "give --ranks" in capsys.readouterr().err
+    code = train_main(["evaluate", *runs["sims"], "--captions-per-image", "3", "--protocol", "5k"])
+    assert code == 2 and "5000 images, the similarity matrix has 30" in capsys.readouterr().err
     code = train_main(["evaluate", *runs["sims"], *runs["emb"]])
     assert code == 2 and "not --img-emb/--cap-emb and --sims" in capsys.readouterr().err
 
@@ -644,3 +649,22 @@ def test_cli_prints_the_warnings_under_the_table(tmp_path, capsys) -> None:
     assert lines[-1].startswith("evaluated 20 images x 100 captions")
     data = json.loads((tmp_path / "r.json").read_text())["all"]
     assert data["i2t"]["r1"] == 0.0 and data["i2t"]["meanr"] == 96 and data["i2t"]["ties"] == 20
+
+
+def test_trainer_validation_warns_once_per_evaluation(capsys) -> None:
+    """The trainer's validation (COCO-5cv here: five folds) prints the tie warning once, on stderr."""
+    from types import SimpleNamespace
+
+    from train.trainer import retrieval_metrics
+
+    rng = np.random.default_rng(27)
+    im = rng.integers(0, 4, size=(5000, 4)).astype(np.float32) / 4  # few distinct rows: ties everywhere
+    cap = rng.integers(0, 4, size=(25000, 4)).astype(np.float32) / 4
+    settings = SimpleNamespace(measure="cosine", order_sqrt=False, val_protocol="5cv")
+    for _ in range(2):  # two validations (epochs): one line each
+        results = retrieval_metrics(torch.from_numpy(im), torch.from_numpy(cap), vsepp_caption_image(5000),
+                                    settings, device=torch.device("cpu"))
+        assert results["5cv"].metrics.t2i.ties > 4000
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(lines) == 2
+    assert all("tied by another candidate" in line and "COCO-5cv" in line for line in lines)

@@ -30,9 +30,9 @@ Ties are exact float equality of the computed scores, and the ground truth's sco
 from the very tile that is counted (below), so the same pair is never compared with a differently
 rounded copy of itself. Two *different* pairs whose exact scores are equal (duplicate rows) get the
 same float when the similarity is computed the same way for both: true of the order-violation
-kernels and of BLAS products on tiles of at least 16 x 16 (MKL rounds a row's products differently
-depending on its position in smaller products, so a tiny problem with inexact duplicate rows may
-break such a tie either way, as any implementation would).
+kernels and, as far as we saw with MKL, of products of the default tile sizes (MKL rounds a row's
+products differently depending on its position in products of a few rows or columns, so a tiny
+problem with inexact duplicate rows may break such a tie either way, as any implementation would).
 
 Two passes over the tiles. Captions are grouped by image (sorted by ``caption_image``; a copy when
 the input is not), images are cut into row blocks and each row block's captions into column
@@ -835,9 +835,10 @@ def select_images(images: torch.Tensor, captions: torch.Tensor, caption_image: t
     return images[start:stop], captions[index.to(captions.device)], caption_image[index] - start
 
 
-def _plan(protocols: Sequence[str], n_images: int, fold_size: int) -> list[tuple[str, list[tuple[int, int]]]]:
+def _plan(protocols: Sequence[str], n_images: int, fold_size: int,
+          have: str = "the embeddings have") -> list[tuple[str, list[tuple[int, int]]]]:
     """Every protocol's folds, checked before any work starts."""
-    return [(p, protocol_folds(p, n_images, fold_size)) for p in protocols]
+    return [(p, protocol_folds(p, n_images, fold_size, have)) for p in protocols]
 
 
 def _fold_work(plan: list[tuple[str, list[tuple[int, int]]]], caption_image: torch.Tensor) -> int:
@@ -966,7 +967,7 @@ def evaluate_similarities(sims: np.ndarray, caption_image: np.ndarray | torch.Te
     check_similarity_matrix(sims, ci_cpu, transposed)
     dev = _resolve_device(device)
     n = sims.shape[1] if transposed else sims.shape[0]
-    plan = _plan(protocols, n, fold_size)
+    plan = _plan(protocols, n, fold_size, have="the similarity matrix has")
     blocks = _blocks(None, 0, dev, block_images, block_captions)
     ci = ci_cpu.to(dev)
 

@@ -148,10 +148,11 @@ def _progress_hook(results_total: int) -> tuple[TileHook, Callable[[], None]]:
     return on_tile, bar.close
 
 
-def _pairs_total(n_images: int, caption_image: torch.Tensor, protocols: Sequence[str], fold_size: int) -> int:
+def _pairs_total(n_images: int, caption_image: torch.Tensor, protocols: Sequence[str], fold_size: int,
+                 have: str) -> int:
     total = 0
     for protocol in protocols:
-        for start, stop in protocol_folds(protocol, n_images, fold_size):
+        for start, stop in protocol_folds(protocol, n_images, fold_size, have):
             total += (stop - start) * int(((caption_image >= start) & (caption_image < stop)).sum())
     return total
 
@@ -170,14 +171,15 @@ def _check_topk(topk: int | None, ranks_path: Path | None, gallery: bool = False
 def report_evaluation(evaluate: Callable[[TileHook, Log], dict[str, ProtocolResult]], n_images: int,
                       caption_image: torch.Tensor, protocols: Sequence[str], what: str, fold_size: int = 1000,
                       chance: bool = False, json_path: Path | None = None, ranks_path: Path | None = None,
-                      title: str | None = None, log: Log = print) -> dict[str, ProtocolResult]:
+                      title: str | None = None, log: Log = print, have: str = "the embeddings have"
+                      ) -> dict[str, ProtocolResult]:
     """Run ``evaluate(on_tile, log)`` with a progress bar; print the table, write the JSON and the ranks CSV.
 
     ``n_images`` and ``caption_image`` (M,) describe the evaluated set (for the progress total and
-    ``chance``); ``what`` goes into the summary line.
+    ``chance``); ``what`` goes into the summary line, ``have`` into a too-small-for-the-protocol error.
     """
     t0 = time.perf_counter()
-    on_tile, close = _progress_hook(_pairs_total(n_images, caption_image, protocols, fold_size))
+    on_tile, close = _progress_hook(_pairs_total(n_images, caption_image, protocols, fold_size, have))
     warnings: list[str] = []
 
     def log_now_warn_later(line: str) -> None:
@@ -355,7 +357,8 @@ def _evaluate_sims(args: argparse.Namespace, protocols: list[str]) -> None:
 
     what = f"precomputed {sims.dtype} similarities{', transposed' if args.sims_transposed else ''}"
     report_evaluation(evaluate, n, caption_image, protocols, what, args.fold_size, args.chance,
-                      Path(args.json) if args.json else None, ranks_path, title=str(args.sims))
+                      Path(args.json) if args.json else None, ranks_path, title=str(args.sims),
+                      have="the similarity matrix has")
 
 
 def _command(args: argparse.Namespace) -> int:

@@ -46,15 +46,16 @@ import torch
 _ORDER_CHUNK_ELEMS = 1 << 24
 
 #: N x M x d from which a gradient-free CPU float32 call takes a fused kernel by default: the blocked
-#: kernel ran 4x (d = 1024) to 14x (d = 64) faster than the eager broadcast on 2 cores, but its Python
-#: loop over d costs a few ms per call, more than the eager kernel needs for a tiny block
+#: kernel ran 2.5x (1,000 x 5,000 at d = 64, bench_evaluate.py) to 4x (d = 1024) faster than the eager
+#: broadcast on 2 cores, but its Python loop over d costs a few ms per call, more than the eager kernel
+#: needs for a tiny block
 FUSED_MIN_WORK = 1 << 22
 
 #: N x M x d (of one call, or of a whole evaluation: see ``compile``) from which the compiled kernel
-#: pays for its compilation. Measured on 2 cores: compiled 6 to 7 G element operations/s, blocked
-#: 1.9 G/s (one core), a cold compilation 12 to 50 s (17 s idle): compiling saves 0.36 ns per
-#: element operation, so it pays from about 20 s / 0.36 ns = 55 G operations, e.g. 5,000 x 25,000
-#: captions at d >= 550. Below it (a 1k fold at d = 1024: 5 G, 2.7 s blocked) it does not pay.
+#: pays for its compilation. Measured on 2 cores (bench_evaluate.py, docs/evaluation.md): a cold
+#: compilation 19 s (12 to 50 s under load), and compiling saves about 0.4 ns per element operation
+#: (1,000 x 5,000 at d = 8192: 43 s blocked, 26 s compiled), so it pays from about 50 G operations,
+#: e.g. 5,000 x 25,000 captions at d >= 400. Below it (a 1k fold at d = 1024: 5 G) it does not pay.
 COMPILE_MIN_WORK = 1 << 36
 
 #: what one compilation takes, for the message that announces it (cold inductor cache, 2 cores)
