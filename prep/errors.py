@@ -19,9 +19,21 @@ class UserError(Exception):
     exit_code = 2
 
 
+#: the one meaning of --device in every command
+DEVICE_HELP = "where to compute: auto (cuda when available, else cpu), cpu, cuda or cuda:N (default auto)"
+
 #: options every command takes anywhere on its command line (see :func:`add_common_options`)
 COMMON_FLAGS = {"--traceback": "traceback", "--quiet": "quiet", "-q": "quiet", "--verbose": "verbose",
                 "-v": "verbose"}
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default in its help, except when there is none to show (``None``, ``False``)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False, argparse.SUPPRESS) or "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:

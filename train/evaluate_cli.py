@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from prep.errors import UserError
+from prep.errors import DEVICE_HELP, HelpFormatter, UserError
 from prep.io import write_json_atomic
 from train.evaluate import (
     MEASURES,
@@ -402,7 +402,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "rank), computed in bounded-memory blocks, under the protocols COCO-1k (first 1,000-image fold), "
         "COCO-5cv (average of five folds), COCO-5k (all 5,000) and all (the whole set, e.g. Flickr 1k test). "
         "With --run, also the CHAIN-VSE noise-robustness and text-length analyses.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpFormatter)
     src = p.add_argument_group("what to evaluate")
     src.add_argument("--run", metavar="RUN_DIR", help="a run directory written by `train <family>`")
     src.add_argument("--img-emb", metavar="IMG.npy", help="image embeddings, one row per image "
@@ -439,7 +439,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="sampled queries per direction in the --gallery page")
     ev.add_argument("--out", metavar="DIR", help="folder for the outputs of --run (default RUN_DIR/eval)")
     ev.add_argument("--chance", action="store_true", help="add the expected metrics of a random ranking")
-    ev.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    ev.add_argument("--device", default="auto", metavar="DEVICE", help=DEVICE_HELP)
     ev.add_argument("--block-images", type=int, default=None, help="tile height (default: by measure "
                     "and device)")
     ev.add_argument("--block-captions", type=int, default=None, help="tile width (default: by measure "

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from prep import console
-from prep.errors import UserError
+from prep.errors import DEVICE_HELP, UserError
 from prep.io import atomic_file, write_json_atomic
 
 
@@ -73,6 +73,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split", action="append", choices=("train", "val", "test"),
                    help="split to export (repeatable; default test)")
     p.add_argument("--checkpoint", default="best", choices=("best", "last"), help="checkpoint (default best)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.set_defaults(func=_command)
 

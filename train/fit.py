@@ -20,7 +20,7 @@ import torch
 
 from prep import console
 from prep.dataset import PreparedDataset
-from prep.errors import UserError
+from prep.errors import DEVICE_HELP, UserError
 from prep.io import exclusive_lock
 from prep.pipelines import TrainSection, add_pipeline_arguments, stage_settings
 from train.checkpoint import load_checkpoint, remove_stale_temporaries
@@ -126,12 +126,12 @@ def _common_options(p: argparse.ArgumentParser) -> None:
     run.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, default=None,
                      help="also write checkpoints/last.pt every this many steps within an epoch "
                           "(default 200)")
-    run.add_argument("--device", default=None,
-                     help="auto (cuda if available, else cpu), cpu, cuda or cuda:N (default auto)")
+    run.add_argument("--device", default=None, help=DEVICE_HELP)
     run.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None,
                      help="bf16 autocast on CUDA (ignored on CPU) (default off)")
     run.add_argument("--workers", type=int, default=None,
-                     help="data-loader processes that collate batches (default 0: in process)")
+                     help="worker processes that collate the batches (a DataLoader's; default 0: in this "
+                          "process)")
     run.add_argument("--dry-run", dest="dry_run", action="store_true",
                      help="build the model, print its parameter counts per part and exit")
     run.add_argument("--alphabet-size", dest="alphabet_size", type=int, default=None,

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from prep.errors import UserError
+from prep.errors import DEVICE_HELP, UserError
 from prep.io import write_json_atomic
 from train.similarity import similarity
 
@@ -165,6 +165,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split", default="test", choices=("train", "val", "test", "all"),
                    help="candidates: images or captions of this split, or all (default test)")
     p.add_argument("--checkpoint", default="best", choices=("best", "last"), help="checkpoint (default best)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--json", metavar="PATH", help="also write the hits as JSON")
     p.set_defaults(func=_command)
