@@ -75,3 +75,18 @@ def test_train_query_command(run_dir: Path, tmp_path: Path, capsys) -> None:
     assert [len(q["hits"]) for q in data] == [2, 2] and data[0]["query"] == "a red circle"
     assert train_main(["query", "--run", str(run_dir), "--device", "cpu"]) == 2
     assert "--text" in capsys.readouterr().err
+
+
+def test_commands_that_read_a_run_take_pipeline(run_dir: Path, tmp_path: Path, capsys) -> None:
+    pipelines = str(run_dir.parent / "p.yaml")
+    assert train_main(["evaluate", "--pipeline", "tiny", "--pipelines", pipelines, "--device", "cpu"]) == 0
+    assert (run_dir / "eval" / "test_best.json").is_file()
+    assert train_main(["query", "--pipeline", "tiny", "--pipelines", pipelines, "--text", "a red circle",
+                       "--device", "cpu"]) == 0
+    assert train_main(["export-embeddings", "--pipeline", "tiny", "--pipelines", pipelines,
+                       "--out", str(tmp_path / "e"), "--device", "cpu"]) == 0
+    assert (tmp_path / "e" / "test_img.npy").is_file()
+    capsys.readouterr()
+    assert train_main(["query", "--pipeline", "tiny", "--pipelines", pipelines, "--run", str(run_dir),
+                       "--text", "x"]) == 2
+    assert "not both" in capsys.readouterr().err

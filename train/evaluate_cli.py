@@ -49,6 +49,7 @@ from train.report import (
     results_json,
     write_ranks_csv,
 )
+from train.runs import add_run_arguments
 
 
 def parse_protocols(values: Sequence[str] | None) -> list[str]:
@@ -362,21 +363,36 @@ def _evaluate_sims(args: argparse.Namespace, protocols: list[str]) -> None:
 
 
 def _command(args: argparse.Namespace) -> int:
+    from train.runs import run_from_arguments
+
+    run_dir = run_from_arguments(args, required=False)
+    if args.pipeline:  # the pipeline's evaluation settings, unless given explicitly
+        from prep.pipelines import get_pipeline
+
+        ev = get_pipeline(args.pipeline, args.pipelines).evaluate
+        if ev is not None:
+            args.protocol = args.protocol or list(ev.protocols)
+            args.split = args.split or ev.split
+            args.noise = args.noise or ev.noise
+            args.length_analysis = args.length_analysis or ev.length_analysis
+    args.split = args.split or "test"
     protocols = parse_protocols(args.protocol)
-    given = {"--run": args.run, "--img-emb/--cap-emb": args.img_emb or args.cap_emb, "--sims": args.sims}
+    given = {"--run/--pipeline": run_dir, "--img-emb/--cap-emb": args.img_emb or args.cap_emb,
+             "--sims": args.sims}
     sources = [name for name, value in given.items() if value]
     if len(sources) > 1:
-        raise UserError(f"give one of --run, --img-emb/--cap-emb or --sims, not {' and '.join(sources)}")
+        raise UserError(f"give one of --run (or --pipeline), --img-emb/--cap-emb or --sims, not "
+                        f"{' and '.join(sources)}")
     if args.sims_transposed and args.sims is None:
         raise UserError("--sims-transposed goes with --sims")
-    if args.run is not None:
+    if run_dir is not None:
         if args.measure is not None:
             raise UserError("--measure comes from the run's configuration; drop it with --run")
         ranks_path = Path(args.ranks) if args.ranks else None
         gallery = Path(args.gallery) if args.gallery else None
         if args.gallery_queries < 1:
             raise UserError(f"--gallery-queries must be at least 1, got {args.gallery_queries}")
-        evaluate_run(Path(args.run), args.split, protocols, args.noise, args.length_analysis, args.checkpoint,
+        evaluate_run(run_dir, args.split, protocols, args.noise, args.length_analysis, args.checkpoint,
                      args.device, Path(args.json) if args.json else None,
                      Path(args.out) if args.out else None, args.chance, args.noise_seed, args.length_count,
                      args.fold_size, ranks_path=ranks_path,
@@ -404,7 +420,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "With --run, also the CHAIN-VSE noise-robustness and text-length analyses.",
         formatter_class=HelpFormatter)
     src = p.add_argument_group("what to evaluate")
-    src.add_argument("--run", metavar="RUN_DIR", help="a run directory written by `train <family>`")
+    add_run_arguments(src)
     src.add_argument("--img-emb", metavar="IMG.npy", help="image embeddings, one row per image "
                      "(VSE++ layout)")
     src.add_argument("--cap-emb", metavar="CAP.npy", help="caption embeddings, captions-per-image rows per "
@@ -420,7 +436,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="order violation with the square root (released VSE/CHAIN code); same rankings")
     src.add_argument("--captions-per-image", type=int, default=5,
                      help="captions per image in --cap-emb / --sims")
-    src.add_argument("--split", default="test", choices=("train", "val", "test"), help="split of --run")
+    src.add_argument("--split", default=None, choices=("train", "val", "test"),
+                     help="split of --run (default test, or the pipeline's)")
     src.add_argument("--checkpoint", default="best", choices=("best", "last"), help="checkpoint of --run")
     ev = p.add_argument_group("protocol and output")
     ev.add_argument("--protocol", action="append", metavar="P",

@@ -18,6 +18,7 @@ import numpy as np
 from prep import console
 from prep.errors import DEVICE_HELP, UserError
 from prep.io import atomic_file, write_json_atomic
+from train.runs import add_run_arguments, run_from_arguments
 
 
 def _save(path: Path, array: np.ndarray) -> None:
@@ -58,7 +59,7 @@ def export_embeddings(run_dir: str | Path, out: str | Path, splits: list[str], c
 
 def _command(args: argparse.Namespace) -> int:
     splits = args.split or ["test"]
-    written = export_embeddings(args.run, args.out, splits, args.checkpoint, args.device)
+    written = export_embeddings(run_from_arguments(args), args.out, splits, args.checkpoint, args.device)
     console.result(f"wrote {len(written)} files to {args.out}: " + ", ".join(p.name for p in written))
     return 0
 
@@ -67,8 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add ``train export-embeddings``."""
     p = sub.add_parser("export-embeddings", help="write a run's image and caption embeddings as .npy",
                        description=__doc__.split("\n\n")[1].replace("\n", " "))
-    p.add_argument("--run", metavar="RUN_DIR", required=True,
-                   help="a run directory written by `train <family>`")
+    add_run_arguments(p)
     p.add_argument("--out", metavar="DIR", required=True, help="folder to write the files into")
     p.add_argument("--split", action="append", choices=("train", "val", "test"),
                    help="split to export (repeatable; default test)")

@@ -2,7 +2,7 @@
 
 Python::
 
-    from train.runs import load_run
+    from train.runs import load_run, run_from_arguments
     run = load_run("runs/coco-sample-chain")
     run.encode_text(["a dog on a beach"])            # (1, d) caption embeddings
     run.encode_images(["photo.jpg"])                 # (1, d) image embeddings (same extractor as the store)
@@ -28,6 +28,7 @@ import torch
 
 from prep.errors import DEVICE_HELP, UserError
 from prep.io import write_json_atomic
+from train.runs import add_run_arguments
 from train.similarity import similarity
 
 if TYPE_CHECKING:
@@ -131,13 +132,13 @@ def format_hits(query: str, hits: Sequence[Hit]) -> str:
 
 
 def _command(args: argparse.Namespace) -> int:
-    from train.runs import load_run
+    from train.runs import load_run, run_from_arguments
 
     if not args.text and not args.image:
         raise UserError("give --text TEXT or --image PATH (repeatable)")
     if args.text and args.image:
         raise UserError("give --text or --image, not both")
-    run = load_run(args.run, args.checkpoint, args.device)
+    run = load_run(run_from_arguments(args), args.checkpoint, args.device)
     split = None if args.split == "all" else args.split
     queries = args.text or args.image
     results = search(run, text=args.text or None, image=args.image or None, top=args.top, split=split)
@@ -157,8 +158,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Text -> image or image -> text retrieval with a trained run, over one split of its "
         "prepared dataset. Image queries are featurized exactly as the run's feature store was (same "
         "network, weights, crops; FNE statistics and thresholds of the store).")
-    p.add_argument("--run", metavar="RUN_DIR", required=True,
-                   help="a run directory written by `train <family>`")
+    add_run_arguments(p)
     p.add_argument("--text", action="append", metavar="TEXT", help="a query text (repeatable)")
     p.add_argument("--image", action="append", metavar="PATH", help="a query image (repeatable)")
     p.add_argument("--top", type=int, default=5, help="hits per query (default 5)")

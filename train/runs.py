@@ -40,6 +40,32 @@ CONFIG = "config.json"
 RESUMABLE_CHANGES = ("out", "device", "workers", "epochs", "checkpoint_every")
 
 
+def add_run_arguments(parser: Any) -> None:
+    """``--run RUN_DIR`` or ``--pipeline NAME`` (its ``train.out``), for the commands that read a run."""
+    from prep.pipelines import add_pipeline_arguments
+
+    parser.add_argument("--run", metavar="RUN_DIR", help="a run directory written by `train <family>`")
+    add_pipeline_arguments(parser)
+
+
+def run_from_arguments(args: Any, required: bool = True) -> Path | None:
+    """The run directory that ``--run`` or ``--pipeline`` names (a :class:`UserError` for both/neither)."""
+    from prep.pipelines import get_pipeline
+
+    if args.pipeline:
+        if args.run:
+            raise UserError("give --run or --pipeline, not both")
+        pipe = get_pipeline(args.pipeline, args.pipelines)
+        if pipe.train is None:
+            raise UserError(f"pipeline '{args.pipeline}' has no train section, so no run")
+        return Path(pipe.train.out)
+    if args.run:
+        return Path(args.run)
+    if required:
+        raise UserError("give --run RUN_DIR or --pipeline NAME")
+    return None
+
+
 def default_run_dir(family: str) -> str:
     """``runs/<family>-<YYYYmmdd-HHMMSS>`` (local time)."""
     return f"runs/{family}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
