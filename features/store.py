@@ -440,7 +440,8 @@ def remove_store(path: str | os.PathLike) -> None:
         shutil.rmtree(path)
 
 
-KEYS = ("global", "fne", "fne_raw")
+#: keys of ``STORE:key`` specs: global CNN features, the ternary FNE, the raw FNE, region features
+KEYS = ("global", "fne", "fne_raw", "regions")
 
 
 def parse_spec(spec: str) -> tuple[Path, str | None]:
@@ -483,11 +484,12 @@ def check_store_matches(store: FeatureStore, dataset: PreparedDataset) -> None:
 
 def read_matrix(spec: str, dataset: PreparedDataset | str | os.PathLike | None = None,
                 keep_dtype: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Read a feature matrix for training: ``(x float32 (N, C), valid bool (N,))``.
+    """Read a feature matrix for training: ``(x float32 (N, C) or (N, k, D), valid bool (N,))``.
 
-    ``spec`` is ``"PATH.zarr:global"``, ``"PATH.zarr:fne"`` (the ternary FNE as float32) or
-    ``"PATH.zarr:fne_raw"`` (the raw averaged activations); a bare path picks ``global`` if the
-    store has it, else ``fne``. Rows of failed images are NaN and ``valid`` is False there.
+    ``spec`` is ``"PATH.zarr:global"``, ``"PATH.zarr:fne"`` (the ternary FNE as float32),
+    ``"PATH.zarr:fne_raw"`` (the raw averaged activations) or ``"PATH.zarr:regions"`` (region
+    features ``(N, k, D)``, all-zero rows after an image's real regions); a bare path picks
+    ``global`` if the store has it, else ``fne``. Rows of failed images are NaN and ``valid`` is False there.
     ``keep_dtype``: return the stored dtype instead (the int8 ternary FNE stays int8, 4x smaller
     than float32; rows of failed images are then whatever is stored: use ``valid``).
     ``dataset`` (a :class:`PreparedDataset` or its folder): refuse a store made for another one
@@ -503,10 +505,10 @@ def read_matrix(spec: str, dataset: PreparedDataset | str | os.PathLike | None =
     store.require_complete()
     if key is None:
         key = "global" if store.has("global") else "fne"
-    name = {"global": "global", "fne": "fne/ternary", "fne_raw": "fne/raw"}[key]
+    name = {"global": "global", "fne": "fne/ternary", "fne_raw": "fne/raw", "regions": "regions"}[key]
     if not store.has(name):
-        have = [k for k, n in (("global", "global"), ("fne", "fne/ternary"), ("fne_raw", "fne/raw"))
-                if store.has(n)]
+        have = [k for k, n in (("global", "global"), ("fne", "fne/ternary"), ("fne_raw", "fne/raw"),
+                               ("regions", "regions")) if store.has(n)]
         raise UserError(f"{path}: no '{key}' features in this store (it has: {', '.join(have) or 'none'})")
     valid = np.asarray(store.array("valid")[:], dtype=bool)
     stored = np.asarray(store.array(name)[:])
