@@ -1,8 +1,9 @@
 """The ``features`` command: images of a prepared dataset -> a feature store.
 
 ``features cnn`` (10-crop global CNN features), ``features fne`` (the Full-Network Embedding),
-``features regions`` (not implemented yet), ``features export`` / ``features import`` (VSE++/SCAN
-precomp ``.npy`` and HDF5), ``features verify`` (integrity of a store's finished blocks). Every
+``features regions`` (grid cells of a CNN's feature map, or Faster R-CNN boxes: :mod:`features.regions`),
+``features export`` / ``features import`` (VSE++/SCAN precomp ``.npy``, SCAN region precomp,
+bottom-up-attention TSV, HDF5), ``features verify`` (integrity of a store's finished blocks). Every
 command that writes a store holds its lock (:func:`prep.io.exclusive_lock`) for its whole run.
 Settings merge as everywhere: explicit options > ``--pipeline`` > the schema defaults in
 :mod:`prep.pipelines`.
@@ -30,6 +31,11 @@ from prep.io import exclusive_lock, sha256_file
 from prep.pipelines import FeaturesSection, add_pipeline_arguments, stage_settings
 
 PROG = "features"
+#: the network of ``features regions --detector grid`` when no --cnn is given: its ImageNet weights install
+#: offline (see README), and its 7 x 7 x 1280 last feature map gives 49 regions
+GRID_CNN = "efficientnet_lite0"
+#: mapper settings that change speed, not the stored numbers (left out of a region store's config)
+SPEED_KEYS = ("batch_size", "device", "threads", "allow_download")
 
 
 def resolve_device(device: str) -> str:
@@ -53,6 +59,8 @@ class ImageMapperFactory:
     def from_settings(cls, settings: FeaturesSection, device: str | None = None) -> ImageMapperFactory:
         """The recipe of the mapper that ``settings`` asks for (``threads`` resolved, see
         :func:`torch_threads`, so the driver and every worker use the same count)."""
+        if settings.kind == "regions":
+            return cls(json.dumps(region_config(settings, device), sort_keys=True))
         config = {
             "cnn": settings.cnn, "weights": settings.weights, "allow_download": settings.allow_download,
             "kind": "fne" if settings.kind == "fne" else "global", "crops": settings.crops,
@@ -77,7 +85,46 @@ class ImageMapperFactory:
 
         config = self.config
         config["device"] = resolve_device(config["device"])
+        if config.get("kind") == "regions":
+            from features.regions import build_region_mapper
+
+            return build_region_mapper(config)
         return ImageMapper.from_config(config)
+
+
+def region_config(settings: FeaturesSection, device: str | None = None) -> dict[str, Any]:
+    """The plain config of the region mapper ``settings`` ask for (see
+    :func:`features.regions.build_region_mapper`).
+
+    ``grid``: ``--cnn`` (default :data:`GRID_CNN`), ``--weights``, ``--input-size``. ``fasterrcnn``: weights
+    ``coco`` (``imagenet``, the schema default, means the detector's own COCO weights), a file or ``none``;
+    ``--input-size`` the shorter side the detector sees (default 800, the longer capped at 1333 / 800 of it);
+    ``fixed_boxes`` K gives exactly K regions (``min_boxes = max_boxes = K``), ``null`` the adaptive
+    ``min_boxes..max_boxes``; the selection's ``score_threshold`` and ``nms_threshold``.
+    """
+    from features.regions import DETECTORS, FASTERRCNN_NETWORK
+
+    detector = "fasterrcnn" if settings.detector == FASTERRCNN_NETWORK else settings.detector
+    common = {"kind": "regions", "detector": detector, "allow_download": settings.allow_download,
+              "batch_size": settings.batch_size, "device": device or settings.device, "amp": settings.amp,
+              "threads": torch_threads(settings)}
+    if detector == "grid":
+        cnn = settings.cnn if "cnn" in settings.model_fields_set else GRID_CNN
+        return {**common, "cnn": cnn, "weights": settings.weights, "input_size": settings.input_size}
+    if detector == "fasterrcnn":
+        if "cnn" in settings.model_fields_set:
+            raise UserError(f"--cnn {settings.cnn}: the network of --detector fasterrcnn is "
+                            f"{FASTERRCNN_NETWORK}; --cnn chooses the network of --detector grid")
+        low, high = ((settings.fixed_boxes, settings.fixed_boxes) if settings.fixed_boxes
+                     else (settings.min_boxes, settings.max_boxes))
+        weights = "coco" if settings.weights == "imagenet" else settings.weights
+        scale = {} if settings.input_size is None else {
+            "min_size": settings.input_size, "max_size": round(settings.input_size * 1333 / 800)}
+        return {**common, **scale, "weights": weights, "min_boxes": low, "max_boxes": high,
+                "score_threshold": settings.score_threshold, "nms_iou": settings.nms_threshold}
+    if detector == "detectron2":
+        return {**common, "detector": detector}  # build_region_mapper explains the way round it
+    raise UserError(f"--detector {settings.detector!r}: use one of {', '.join(DETECTORS)}")
 
 
 def torch_threads(settings: FeaturesSection) -> int:
@@ -118,6 +165,11 @@ def store_config(settings: FeaturesSection, mapper: Mapper, images_sha256: str,
     CPU rows, see :func:`torch_threads`), not what the rows are.
     """
     prov = mapper.provenance
+    if settings.kind == "regions":
+        described = getattr(mapper, "config", {})
+        return {**{k: v for k, v in described.items() if k not in SPEED_KEYS}, "kind": "regions",
+                "weights_sha256": prov.get("weights_sha256"), "block_size": settings.block_size,
+                "images_sha256": images_sha256, "n_rows": n_rows, "outputs": dict(mapper.outputs)}
     config = {
         "kind": settings.kind, "cnn": settings.cnn, "weights": settings.weights,
         "weights_sha256": prov.get("weights_sha256"), "crops": settings.crops,
@@ -133,16 +185,13 @@ def store_config(settings: FeaturesSection, mapper: Mapper, images_sha256: str,
 
 def run_features(settings: FeaturesSection, overwrite: bool = False, rethreshold: bool = False,
                  progress: bool = True) -> Path:
-    """Run ``features cnn|fne`` with resolved ``settings``; return the store's path.
+    """Run ``features cnn|fne|regions`` with resolved ``settings``; return the store's path.
 
     Resumes a store made with the same configuration (recomputing finished blocks whose chunk
     files are missing or empty), refuses one made with another (unless ``overwrite``).
     ``rethreshold`` (fne only) rewrites only the ternary array. The store's lock is held from
     before anything is deleted until the end, Dask runs included (the driver holds it).
     """
-    if settings.kind == "regions":
-        raise UserError("features regions: region features (Faster R-CNN, bottom-up attention) are not "
-                        "implemented yet")
     out = Path(settings.out)
     if rethreshold:
         return rethreshold_store(out, settings.threshold_low, settings.threshold_high)
@@ -183,7 +232,8 @@ def _extract_locked(settings: FeaturesSection, dataset: PreparedDataset, out: Pa
     hints = {"thresholds": "use `features fne --rethreshold` to change only the thresholds, or --overwrite"}
     resuming = out.exists() and not overwrite
     store = FeatureStore.open_or_create(out, imgids, mapper.outputs, settings.block_size, config,
-                                        provenance, overwrite=overwrite, hints=hints)
+                                        provenance, overwrite=overwrite, hints=hints,
+                                        dtypes=getattr(mapper, "dtypes", None))
     if resuming:
         _recompute_damaged(store)
     with open_executor(settings.scheduler, settings.workers) as executor:
@@ -252,28 +302,36 @@ def _print_summary(summary: ExtractSummary, out: Path) -> None:
 
 
 # -- command line ---------------------------------------------------------------------------------
-def _extraction_options(p: argparse.ArgumentParser, fne: bool) -> None:
+def _extraction_options(p: argparse.ArgumentParser, kind: str) -> None:
+    fne, regions = kind == "fne", kind == "regions"
     add_pipeline_arguments(p)
     p.add_argument("--data", metavar="DIR", default=None,
                    help="prepared dataset folder (written by `prep`); rows follow its image order")
     p.add_argument("--out", metavar="STORE.zarr", default=None, help="feature store to write (Zarr v3)")
-    p.add_argument("--cnn", metavar="NAME", default=None,
-                   help="network: vgg16, vgg19 (fc7, 4096), resnet152 (pooled 2048), inception_resnet_v2 "
-                        "(pooled 1536, 299 px) or any timm model name (its pooled features); default vgg19"
-                        + (" (FNE: vgg16 in the paper)" if fne else ""))
-    p.add_argument("--weights", metavar="imagenet|PATH|none", default=None,
-                   help="imagenet: from the local torchvision/timm caches (never downloaded unless "
-                        "--allow-download); PATH: a state dict file; none: random init, for tests")
+    if regions:
+        _region_options(p)
+    else:
+        p.add_argument("--cnn", metavar="NAME", default=None,
+                       help="network: vgg16, vgg19 (fc7, 4096), resnet152 (pooled 2048), inception_resnet_v2 "
+                            "(pooled 1536, 299 px) or any timm model name (its pooled features); default "
+                            "vgg19" + (" (FNE: vgg16 in the paper)" if fne else ""))
+        p.add_argument("--weights", metavar="imagenet|PATH|none", default=None,
+                       help="imagenet: from the local torchvision/timm caches (never downloaded unless "
+                            "--allow-download); PATH: a state dict file; none: random init, for tests")
     p.add_argument("--allow-download", action="store_true", default=None,
-                   help="let torchvision/timm download missing ImageNet weights")
-    p.add_argument("--crops", type=int, choices=(1, 10), default=None,
-                   help="10: four corners and centre plus mirrors, averaged (the papers); 1: centre crop")
-    p.add_argument("--resize", type=int, metavar="PX", default=None,
-                   help="shorter side before cropping (default: the network's own, 256 for 224 px nets)")
+                   help="let torchvision/timm download missing pretrained weights")
+    if not regions:
+        p.add_argument("--crops", type=int, choices=(1, 10), default=None,
+                       help="10: four corners and centre plus mirrors, averaged (the papers); 1: centre crop")
+        p.add_argument("--resize", type=int, metavar="PX", default=None,
+                       help="shorter side before cropping (default: the network's own, 256 for 224 px nets)")
     p.add_argument("--input-size", type=int, metavar="PX", default=None,
-                   help="crop size (default: the network's input size)")
+                   help="grid: the side the whole image is resized to (default: the network's input size); "
+                        "fasterrcnn: the shorter side the detector sees (default 800, longer side at most "
+                        "1333/800 of it)" if regions else "crop size (default: the network's input size)")
     p.add_argument("--batch-size", type=int, metavar="N", default=None,
-                   help="images per forward pass (each is --crops crops); default 32")
+                   help="images per forward pass on CUDA (on the CPU every image runs alone); default 32"
+                   if regions else "images per forward pass (each is --crops crops); default 32")
     p.add_argument("--block-size", type=int, metavar="N", default=None,
                    help="rows per block: the unit of work, of resumption and of Zarr chunks; default 256")
     p.add_argument("--device", metavar="auto|cpu|cuda", default=None,
@@ -305,6 +363,33 @@ def _extraction_options(p: argparse.ArgumentParser, fne: bool) -> None:
                        help="only recompute fne/ternary of the finished store --out with the thresholds")
 
 
+def _region_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--detector", metavar="grid|fasterrcnn", default=None,
+                   help="grid (default): the cells of --cnn's last feature map are the regions (EfficientNet-"
+                        "Lite0: 7x7 = 49 regions of 1280, real weights offline); fasterrcnn: torchvision's "
+                        "fasterrcnn_resnet50_fpn, bottom-up-attention selection of its RPN boxes, 1024-d "
+                        "RoI-pooled box-head features")
+    p.add_argument("--cnn", metavar="NAME", default=None,
+                   help="grid only: the network whose last feature map is cut into regions (default "
+                        f"{GRID_CNN}; vgg16/vgg19: pool5 512 x 7x7; resnet152: layer4 2048 x 7x7; any "
+                        "timm model name)")
+    p.add_argument("--weights", metavar="imagenet|coco|PATH|none", default=None,
+                   help="grid: imagenet (default, from the local caches); fasterrcnn: coco (default; the "
+                        "torchvision COCO checkpoint from the local torch cache); PATH: a state dict file; "
+                        "none: seeded random init, for tests")
+    p.add_argument("--boxes", dest="fixed_boxes", type=int, metavar="K", default=None,
+                   help="fasterrcnn: exactly K regions per image (default 36, BUTD's fixed K)")
+    p.add_argument("--min-boxes", type=int, metavar="N", default=None,
+                   help="fasterrcnn: adaptive regions, at least N (BUTD: 10); given without --boxes, the "
+                        "count is adaptive")
+    p.add_argument("--max-boxes", type=int, metavar="N", default=None,
+                   help="fasterrcnn: adaptive regions, at most N (BUTD: 100; the store's k)")
+    p.add_argument("--score-threshold", type=float, metavar="X", default=None,
+                   help="fasterrcnn: keep boxes whose best class probability is at least X (default 0.2)")
+    p.add_argument("--nms-threshold", type=float, metavar="IOU", default=None,
+                   help="fasterrcnn: class-agnostic NMS IoU (default 0.3)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``features`` argument parser with its subcommands."""
     parser = argparse.ArgumentParser(
@@ -314,32 +399,51 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cnn", help="10-crop averaged global CNN features -> 'global'",
                        description="10-crop averaged global CNN features (CHAIN-VSE 2.3, OECC 2.2) "
                                    "-> 'global'.")
-    _extraction_options(p, fne=False)
+    _extraction_options(p, "cnn")
     p = sub.add_parser("fne", help="Full-Network Embedding -> fne/raw, fne/mean, fne/std, fne/ternary",
                        description="Full-Network Embedding (FNE 3.1): average-pooled activations of every "
                                    "conv layer plus fc6/fc7, averaged over crops, standardised with "
                                    "train-split statistics and discretized to {-1, 0, 1}.")
-    _extraction_options(p, fne=True)
-    p = sub.add_parser("regions", help="Faster R-CNN region features (not implemented yet)")
-    _extraction_options(p, fne=False)
+    _extraction_options(p, "fne")
+    p = sub.add_parser("regions", help="region features -> regions (N, k, D), boxes (N, k, 4), counts (N,)",
+                       description="Region features for CLMR/LIWE: k regions of D features per image "
+                                   "(zero rows after an image's real regions), their boxes in pixels, "
+                                   "their count, and the image size.")
+    _extraction_options(p, "regions")
     p = sub.add_parser("export", help="write a store's features as VSE++/SCAN precomp .npy or HDF5")
     p.add_argument("--store", metavar="STORE.zarr[:KEY]", required=True,
-                   help="feature store; KEY global, fne (ternary) or fne_raw (default: what it has)")
+                   help="feature store; KEY global, fne (ternary), fne_raw or regions (default: what it has)")
     p.add_argument("--data", metavar="DIR", required=True, help="the prepared dataset of the store")
     p.add_argument("--format", choices=("precomp", "hdf5"), required=True,
-                   help="precomp: {train,dev,test}_ims.npy (dev = val, as VSE++/SCAN name it); "
-                        "hdf5: one file")
+                   help="precomp: {train,dev,test}_ims.npy (dev = val, as VSE++/SCAN name it), (n, C) or, "
+                        "for regions, SCAN's (n, k, D) with zero padding rows; hdf5: one file (regions "
+                        "stores: also boxes, counts, image_size)")
     p.add_argument("--out", metavar="DIR|FILE.h5", required=True,
                    help="output folder (precomp) or file (hdf5)")
     p.add_argument("--split", choices=("train", "val", "test"), action="append", default=None,
                    help="only these splits (repeatable; default all with images)")
     p.add_argument("--allow-invalid", action="store_true",
                    help="write rows of failed images (NaN) instead of refusing")
-    p = sub.add_parser("import", help="read a VSE++/SCAN {split}_ims.npy into a store")
-    p.add_argument("--npy", metavar="FILE.npy", required=True, help="(n_images_of_split, C) array")
+    p = sub.add_parser("import", help="read VSE++/SCAN precomp .npy or bottom-up-attention TSV into a store",
+                       description="Read features made elsewhere into a store of a prepared dataset. Rows "
+                                   "the file lacks, and rows holding NaN or inf, are stored invalid and "
+                                   "reported.")
+    p.add_argument("--format", choices=("precomp", "scan-precomp", "butd-tsv"), default="precomp",
+                   help="precomp (default): a VSE++ {split}_ims.npy of global features (n, C); scan-precomp: "
+                        "SCAN's region {split}_ims.npy (n, k, D), e.g. (n, 36, 2048); butd-tsv: the "
+                        "bottom-up-attention TSV (image_id, image_w, image_h, num_boxes, base64 boxes and "
+                        "features), matched by image id")
+    p.add_argument("--npy", metavar="FILE.npy", default=None,
+                   help="precomp / scan-precomp: the split's array, rows in the split's image order")
+    p.add_argument("--ids", metavar="FILE", default=None,
+                   help="scan-precomp: one image id per row (e.g. SCAN's {split}_ids.txt): match rows by "
+                        "id instead of by order")
+    p.add_argument("--tsv", metavar="FILE", action="append", default=None,
+                   help="butd-tsv: a TSV file (repeatable: BUTD ships trainval as .tsv.0 .. .tsv.3)")
     p.add_argument("--data", metavar="DIR", required=True, help="prepared dataset the rows belong to")
-    p.add_argument("--split", choices=("train", "val", "test"), required=True,
-                   help="split whose images the rows are, in the split's image order")
+    p.add_argument("--split", choices=("train", "val", "test"), default=None,
+                   help="split whose images the rows are (required for precomp and scan-precomp); "
+                        "butd-tsv: only this split (default: every image the TSV has)")
     p.add_argument("--out", metavar="STORE.zarr", required=True,
                    help="store to write; an existing imported store of the same dataset gains the split")
     p.add_argument("--overwrite", action="store_true", help="start a new store even if --out exists")
@@ -352,7 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also check that the store was made for this prepared dataset")
     p.add_argument("--repair", action="store_true",
                    help="clear the done flag of damaged blocks (and mark the store incomplete) so that the "
-                        "store's `features cnn|fne` command recomputes them")
+                        "store's `features cnn|fne|regions` command recomputes them")
     add_common_options(parser)
     return parser
 
@@ -366,7 +470,7 @@ def _verify(args: argparse.Namespace) -> int:
     if report.ok:
         return 0
     again = ("`features import` of the affected splits" if _kind(report.store) == "import"
-             else "the store's `features cnn|fne` command")
+             else "the store's `features cnn|fne|regions` command")
     if report.repaired:
         print(f"features verify: cleared {len(report.rows_damaged)} damaged block(s) and marked the store "
               f"incomplete; run {again} again to recompute them")
@@ -386,10 +490,10 @@ def _kind(path: Path) -> str:
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("cnn", "fne", "regions"):
-        if args.command == "regions":
-            raise UserError("features regions: region features (Faster R-CNN, bottom-up attention) are not "
-                            "implemented yet")
         settings = stage_settings("features", args, kind=args.command)
+        if args.command == "regions" and args.fixed_boxes is None and (
+                args.min_boxes is not None or args.max_boxes is not None):
+            settings = settings.model_copy(update={"fixed_boxes": None})  # --min/--max-boxes: adaptive
         run_features(settings, overwrite=args.overwrite, rethreshold=getattr(args, "rethreshold", False),
                      progress=not args.no_progress)
         return 0
@@ -403,8 +507,41 @@ def _main(argv: Sequence[str] | None) -> int:
         return 0
     if args.command == "verify":
         return _verify(args)
-    result = interop.import_npy(args.npy, args.data, args.split, args.out, overwrite=args.overwrite)
-    print(f"features: imported {args.npy} as the {args.split} rows of {result.store}")
+    return _import(args)
+
+
+def _import(args: argparse.Namespace) -> int:
+    from features import interop
+
+    if args.format == "butd-tsv":
+        if not args.tsv or args.npy:
+            raise UserError("features import --format butd-tsv reads --tsv FILE (repeatable), not --npy")
+        result = interop.import_regions(args.format, args.tsv, args.data, args.out, split=args.split,
+                                        overwrite=args.overwrite)
+    else:
+        if not args.npy or args.tsv:
+            raise UserError(f"features import --format {args.format} reads --npy FILE.npy, not --tsv")
+        if args.split is None:
+            raise UserError(f"features import --format {args.format}: --split is required (the split whose "
+                            "images the rows are)")
+        if args.format == "precomp":
+            if args.ids:
+                raise UserError("--ids matches region rows by id: it applies to --format scan-precomp")
+            result = interop.import_npy(args.npy, args.data, args.split, args.out, overwrite=args.overwrite)
+        else:
+            result = interop.import_regions(args.format, [args.npy], args.data, args.out, split=args.split,
+                                            ids=args.ids, overwrite=args.overwrite)
+    what = f"the {args.split} rows" if args.split else "rows"
+    print(f"features: imported {', '.join(map(str, result.files))} as {what} of {result.store} "
+          f"({result.rows} rows)")
+    if result.missing:
+        shown = ", ".join(str(i) for i in result.missing[:5])
+        more = f" and {len(result.missing) - 5} more" if len(result.missing) > 5 else ""
+        print(f"features: {len(result.missing)} images of the dataset have no features in the file and are "
+              f"stored invalid (imgid {shown}{more})")
+    if result.extra:
+        print(f"features: {len(result.extra)} ids of the file match no image of the dataset (ignored; "
+              f"e.g. {', '.join(result.extra[:3])})")
     if result.nonfinite:
         shown = ", ".join(str(i) for i in result.nonfinite[:5])
         more = f" and {len(result.nonfinite) - 5} more" if len(result.nonfinite) > 5 else ""

@@ -27,11 +27,12 @@ from prep.errors import UserError
 class Mapper(Protocol):
     """What :func:`run_block` needs of a mapper (``features.mapper.ImageMapper`` is one)."""
 
-    outputs: dict[str, int]
+    outputs: dict[str, Any]
     provenance: dict[str, Any]
 
     def __call__(self, images: list[Any]) -> dict[str, np.ndarray]:
-        """Images -> name -> (B, width) float32 rows."""
+        """Images -> name -> ``(B, *row_shape)`` rows (``outputs`` maps each name to a width ``C``, rows
+        ``(B, C)`` float32, or to one row's shape; region mappers also have ``dtypes``)."""
 
 
 class MapperFactory(Protocol):
@@ -146,20 +147,22 @@ def read_block(task: BlockTask, loader: Callable[[str], Any] = default_loader,
 
 
 def map_and_write(block: LoadedBlock, mapper: Mapper) -> BlockResult:
-    """Map a decoded block to rows and write them (failed images: NaN rows, ``valid=False``)."""
+    """Map a decoded block to rows and write them (failed images: NaN rows, 0 in integer arrays such as
+    ``counts``, ``valid=False``)."""
     task = block.task
     t0 = time.perf_counter()
     mapped = mapper(block.images) if block.images else {}
     t1 = time.perf_counter()
+    store = FeatureStore(task.store, mode="r+")
     arrays = {}
-    for name, width in mapper.outputs.items():
-        rows = np.full((task.rows, width), np.nan, dtype=np.float32)
+    for name in mapper.outputs:
+        rows = store.empty_rows(name, task.rows)
         if block.good:
             rows[block.good] = mapped[name]
         arrays[name] = rows
     valid = np.zeros(task.rows, dtype=bool)
     valid[block.good] = True
-    FeatureStore(task.store, mode="r+").write_block(task.block, arrays, valid, block.failures)
+    store.write_block(task.block, arrays, valid, block.failures)
     return BlockResult(task.block, task.rows, block.failures, False, block.decode_s, t1 - t0,
                        time.perf_counter() - t1)
 

@@ -1,21 +1,23 @@
 """Exchange with other codebases: VSE++/SCAN precomp ``{split}_ims.npy`` and HDF5 (h5py).
 
 Precomp layout (VSE++ ``data.py``, SCAN): one file per split, one row per image in the split's
-image order, float32; the validation split is called ``dev``. Export writes what a store holds;
-import places a split's rows at that split's images of a prepared dataset.
+image order, float32; the validation split is called ``dev``; a row is a vector ``(C,)`` (VSE++) or
+SCAN's regions ``(k, D)``. Export writes what a store holds; import places a split's rows at that
+split's images of a prepared dataset. Region files (SCAN precomp, bottom-up-attention TSV) are read by
+:mod:`features.region_formats` and written by the same block writer (:func:`import_regions`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from features.store import FeatureStore, parse_spec, read_matrix
+from features.store import REGION_ARRAYS, FeatureStore, RowShape, parse_spec, read_matrix, row_shape
 from prep.dataset import DATASET_FILE, SPLITS, PreparedDataset
 from prep.errors import UserError
 from prep.io import exclusive_lock, sha256_file
@@ -82,7 +84,7 @@ def _export_hdf5(store: FeatureStore, dataset: PreparedDataset, rows: np.ndarray
 
 
 def _write_hdf5(file: object, store: FeatureStore, dataset: PreparedDataset, rows: np.ndarray) -> None:
-    names = [n for n in ("global", "fne/raw", "fne/ternary") if store.has(n)]
+    names = [n for n in ("global", "fne/raw", "fne/ternary", *REGION_ARRAYS) if store.has(n)]
     with file as h5:
         for name in names:
             h5.create_dataset(name, data=np.asarray(store.array(name)[:])[rows], compression="gzip")
@@ -99,11 +101,19 @@ def _write_hdf5(file: object, store: FeatureStore, dataset: PreparedDataset, row
 
 @dataclass
 class ImportResult:
-    """What :func:`import_npy` did: the store, and the imported rows made invalid for NaN/inf values."""
+    """What an import did: the store, the imported files, the rows read, the dataset rows the files lack
+    (stored invalid), the files' ids matching no image, and the rows made invalid for NaN/inf values."""
 
     store: Path
     rows: int
     nonfinite: list[int] = field(default_factory=list)
+    missing: list[int] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+
+
+#: the most bytes of one imported chunk (rows of a block); a block of global rows is at most 1024 rows
+IMPORT_CHUNK_BYTES = 64 * 2**20
 
 
 def import_npy(npy: str | os.PathLike, data: str | os.PathLike, split: str, out: str | os.PathLike,
@@ -115,53 +125,146 @@ def import_npy(npy: str | os.PathLike, data: str | os.PathLike, split: str, out:
     stored invalid and recorded as failures (reason "non-finite values"). The store's lock is held
     from before ``overwrite`` deletes anything until the end.
     """
-    npy, out = Path(npy), Path(out)
+    npy = Path(npy)
     try:
         x = np.load(npy, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise UserError(f"{npy}: cannot read as .npy: {exc}") from None
     if x.ndim != 2:
-        raise UserError(f"{npy}: expected a 2-D (images, features) array, got shape {x.shape}")
+        raise UserError(f"{npy}: expected a 2-D (images, features) array, got shape {x.shape}"
+                        + (" (region features: --format scan-precomp)" if x.ndim == 3 else ""))
     dataset = PreparedDataset.load(data)
     rows = np.asarray(dataset.image_rows(split), dtype=np.int64)
     if len(rows) != x.shape[0]:
         raise UserError(f"{npy}: {x.shape[0]} rows, but split '{split}' of {data} has {len(rows)} images")
+    position = {int(r): i for i, r in enumerate(rows)}
+
+    def read(wanted: np.ndarray) -> dict[str, np.ndarray]:
+        return {name: np.asarray(x[[position[int(r)] for r in wanted]], dtype=np.float32)}
+
+    return _import_rows(out, dataset, {name: int(x.shape[1])}, None, rows, rows, read, [npy], split,
+                        overwrite=overwrite)
+
+
+def import_regions(fmt: str, files: Sequence[str | os.PathLike], data: str | os.PathLike,
+                   out: str | os.PathLike, split: str | None = None, ids: str | os.PathLike | None = None,
+                   overwrite: bool = False) -> ImportResult:
+    """Read region features into a region store ``out``: ``regions (N, k, D)``, ``counts (N,)``, and for a
+    bottom-up-attention TSV also ``boxes (N, k, 4)`` and ``image_size (N, 2)``.
+
+    ``fmt``: ``scan-precomp`` (``files`` = one ``{split}_ims.npy`` of ``split``, rows in the split's order
+    or matched by ``ids``; :func:`features.region_formats.read_scan_precomp`) or ``butd-tsv`` (``files``
+    = the TSV files, matched by image id, all splits or only ``split``; :class:`ButdTsv`). Dataset rows
+    (of the split, or of the whole dataset) the files lack are stored invalid and recorded as failures;
+    so are rows with NaN or inf. Zero rows after each image's ``counts`` are padding (precomp files have no
+    counts: an image's trailing all-zero rows are taken as padding, at least one region is kept). An existing
+    imported store of the same images and shapes gains the rows (e.g. one split after another).
+    """
+    from features.region_formats import read_butd_tsv, read_scan_precomp
+    from features.regions import REGION_DTYPES
+
+    dataset = PreparedDataset.load(data)
+    paths = [Path(f) for f in files]
+    if fmt == "scan-precomp":
+        if split is None or len(paths) != 1:
+            raise UserError("scan-precomp: one {split}_ims.npy and its --split")
+        source = read_scan_precomp(paths[0], dataset, split, ids=ids)
+    elif fmt == "butd-tsv":
+        source = read_butd_tsv(paths, dataset, [split] if split else None)
+    else:
+        raise UserError(f"unknown region format '{fmt}' (scan-precomp or butd-tsv)")
+    if not len(source.rows):
+        raise UserError(f"{', '.join(map(str, paths))}: no row matches an image of {data} "
+                        f"({source.summary()})")
+    replaced = np.asarray(dataset.image_rows(split) if split else dataset.image_rows(), dtype=np.int64)
+    outputs: dict[str, tuple[int, ...]] = {"regions": (source.k, source.dim), "counts": ()}
+    if source.has_boxes:
+        outputs.update(boxes=(source.k, 4), image_size=(2,))
+    dtypes = {n: REGION_DTYPES[n].name for n in outputs}
+
+    def read(wanted: np.ndarray) -> dict[str, np.ndarray]:
+        got = {n: np.zeros((len(wanted), *shape), dtype=dtypes[n]) for n, shape in outputs.items()}
+        for i, row in enumerate(wanted):
+            record = source.read(int(row))
+            got["regions"][i], boxes, count = record.padded(source.k)
+            if not source.has_boxes:  # precomp: trailing all-zero rows are padding (e.g. adaptive K exported)
+                real = np.flatnonzero(np.abs(got["regions"][i]).sum(axis=1) != 0)
+                count = max(1, int(real[-1]) + 1) if len(real) else 1
+            got["counts"][i] = count
+            if source.has_boxes:
+                got["boxes"][i] = boxes
+                got["image_size"][i] = record.image_size or (0, 0)
+        return got
+
+    result = _import_rows(out, dataset, outputs, dtypes, replaced, source.rows, read, paths,
+                          split or "all", overwrite=overwrite)
+    result.extra = list(source.extra)
+    return result
+
+
+def _import_rows(out: str | os.PathLike, dataset: PreparedDataset, outputs: dict[str, RowShape],
+                 dtypes: dict[str, str] | None, replaced: np.ndarray, present: np.ndarray,
+                 read: Callable[[np.ndarray], dict[str, np.ndarray]], files: list[Path], label: str,
+                 overwrite: bool) -> ImportResult:
+    """The writer of every import: dataset rows ``replaced`` (e.g. a split) are replaced by what ``read``
+    gives for the rows ``present`` in the source (ascending); replaced rows not present are invalid.
+
+    ``read(rows)`` -> name -> ``(len(rows), *row_shape)``. Written block by block under the store's lock
+    (every chunk written, memory one block); rows holding NaN or inf become invalid; both kinds of
+    invalid rows are recorded as failures, earlier failures of ``replaced`` rows dropped.
+    """
+    out = Path(out)
     images_sha = dataset.images_fingerprint()
     n = len(dataset.images)
-    config = {"kind": "import", "images_sha256": images_sha, "n_rows": n, "outputs": {name: int(x.shape[1])}}
+    config = {"kind": "import", "images_sha256": images_sha, "n_rows": n, "outputs": outputs}
     provenance = {"imported_from": {}, "dataset": str(dataset.root), "images_sha256": images_sha,
                   "dataset_sha256": sha256_file(dataset.root / DATASET_FILE)}
-    values = np.asarray(x, dtype=np.float32)
-    finite = np.isfinite(values).all(axis=1)
+    row_bytes = sum(4 * int(np.prod(row_shape(s))) for s in outputs.values())
+    block_size = max(1, min(n, 1024, IMPORT_CHUNK_BYTES // max(1, row_bytes)))
+    present = np.asarray(present, dtype=np.int64)
+    missing = np.setdiff1d(replaced, present)
+    bad: list[int] = []
     with exclusive_lock(out, "the feature store"):
         store = FeatureStore.open_or_create(
-            out, np.arange(n, dtype=np.int64), {name: int(x.shape[1])}, block_size=min(n, 1024),
-            config=config, provenance=provenance, overwrite=overwrite)
+            out, np.arange(n, dtype=np.int64), outputs, block_size=block_size, config=config,
+            provenance=provenance, overwrite=overwrite, dtypes=dtypes)
+        valid = np.asarray(store.array("valid")[:], dtype=bool)
+        valid[replaced] = False
         # One writer (this command), block by block: every chunk is written (a chunk file missing from
         # a finished block means damage, see features.verify), and memory stays one block.
-        source = np.full(n, -1, dtype=np.int64)
-        source[rows] = np.arange(len(rows))
-        arr = store.array(name)
         for b in range(store.n_blocks):
             start, stop = store.block_rows(b)
-            block, k = np.asarray(arr[start:stop]), source[start:stop]
-            hit = k >= 0
-            block[hit] = np.where(finite[k[hit], None], values[k[hit]], np.nan)
-            arr[start:stop] = block
-        valid = np.asarray(store.array("valid")[:], dtype=bool)
-        valid[rows] = finite
+            blocks = {name: np.asarray(store.array(name)[start:stop]) for name in outputs}
+            gone = replaced[(replaced >= start) & (replaced < stop)] - start
+            hit = present[(present >= start) & (present < stop)]
+            for name, block in blocks.items():
+                block[gone] = store.empty_rows(name, 1)
+            if len(hit):
+                values = read(hit)
+                finite = np.ones(len(hit), dtype=bool)
+                for v in values.values():
+                    if v.dtype.kind == "f":
+                        finite &= np.isfinite(v.reshape(len(hit), -1)).all(axis=1)
+                for name, block in blocks.items():
+                    block[hit[finite] - start] = values[name][finite]
+                valid[hit[finite]] = True
+                bad += [int(r) for r in hit[~finite]]
+            for name, block in blocks.items():
+                store.array(name)[start:stop] = block
         store.array("valid")[:] = valid
-        bad = rows[~finite]
-        _record_failures(store, set(rows.tolist()), [
-            {"imgid": int(i), "path": str(npy), "reason": f"non-finite values (NaN or inf) in row "
-                                                          f"{int(k)} of the imported array"}
-            for k, i in zip(np.flatnonzero(~finite), bad, strict=True)])
+        where = ", ".join(str(f) for f in files)
+        _record_failures(store, set(replaced.tolist()), sorted(
+            [{"imgid": i, "path": where, "reason": "non-finite values (NaN or inf) in the imported features"}
+             for i in bad]
+            + [{"imgid": int(i), "path": where, "reason": "no features for this image in the imported file"}
+               for i in missing], key=lambda f: f["imgid"]))
         store.array("blocks_done")[:] = True
         prov = store.attrs["provenance"]
-        prov.setdefault("imported_from", {})[split] = {"file": str(npy.resolve()), "sha256": sha256_file(npy),
-                                                       "nonfinite_rows": len(bad)}
+        prov.setdefault("imported_from", {})[label] = {
+            "files": [str(f.resolve()) for f in files], "sha256": [sha256_file(f) for f in files],
+            "rows": len(present), "missing_rows": len(missing), "nonfinite_rows": len(bad)}
         store.set_attrs(provenance=prov, complete=True, failures=store.block_failures())
-    return ImportResult(out, len(rows), [int(i) for i in bad])
+    return ImportResult(out, len(present), bad, [int(i) for i in missing], [], files)
 
 
 def _record_failures(store: FeatureStore, replaced: set[int], new: list[dict]) -> None:

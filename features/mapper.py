@@ -9,6 +9,8 @@ or a Dask worker) builds it once from a plain config (:meth:`ImageMapper.from_co
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -31,6 +33,23 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda was asked for, but no CUDA GPU is available")
     return dev
+
+
+@contextmanager
+def pinned_threads(threads: int | None) -> Iterator[None]:
+    """Run the body with ``threads`` torch intra-op threads (``None``: unchanged), then restore the count.
+
+    CPU kernels sum in an order that depends on the thread count, so every mapper pins its forward
+    passes to the run's ``--threads``: equal counts give bit-identical rows in any process.
+    """
+    before = torch.get_num_threads()
+    if threads is not None and threads != before:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
 class ImageMapper:
@@ -182,14 +201,8 @@ class ImageMapper:
     def __call__(self, images: list[Image.Image]) -> dict[str, np.ndarray]:
         """``images`` (RGB PIL images, see :func:`features.images.load_image`) ->
         ``{name: (len(images), width) float32}``, each row the mean over the image's crops."""
-        before = torch.get_num_threads()
-        if self.threads is not None and self.threads != before:
-            torch.set_num_threads(self.threads)
-        try:
+        with pinned_threads(self.threads):
             return self._map(images)
-        finally:
-            if torch.get_num_threads() != before:
-                torch.set_num_threads(before)
 
     def _map(self, images: list[Image.Image]) -> dict[str, np.ndarray]:
         (name, width), = self.outputs.items()

@@ -71,7 +71,7 @@ from torch import nn
 
 from features.backbones import Backbone, VGGFc7, load_backbone
 from features.crops import to_normalized_tensor
-from features.mapper import resolve_device
+from features.mapper import pinned_threads, resolve_device
 from prep.errors import UserError
 
 DETECTORS = ("grid", "fasterrcnn")
@@ -145,14 +145,19 @@ class GridRegionMapper:
         batch_size: images per forward pass on CUDA (on CPU one image per pass, see the module docstring).
         device: ``"cpu"``, ``"cuda"`` or ``"auto"``.
         amp: bfloat16 autocast on CUDA.
+        threads: torch threads of every call (``None``: unchanged), see
+            :func:`features.mapper.pinned_threads`.
     """
 
     detector = "grid"
 
     def __init__(self, backbone: Backbone, batch_size: int = 32, device: str | torch.device | None = "cpu",
-                 amp: bool = False) -> None:
+                 amp: bool = False, threads: int | None = None) -> None:
         if batch_size < 1:
             raise UserError(f"--batch-size must be at least 1, not {batch_size}")
+        if threads is not None and threads < 1:
+            raise UserError(f"--threads must be at least 1, not {threads}")
+        self.threads = threads
         self.backbone = backbone
         self.batch_size = batch_size
         self.device = resolve_device(device)
@@ -174,7 +179,8 @@ class GridRegionMapper:
                                  bool(config.get("allow_download", False)),
                                  input_size=config.get("input_size"), seed=int(config.get("seed", 0)))
         mapper = cls(backbone, batch_size=int(config.get("batch_size", 32)),
-                     device=config.get("device", "cpu"), amp=bool(config.get("amp", False)))
+                     device=config.get("device", "cpu"), amp=bool(config.get("amp", False)),
+                     threads=config.get("threads"))
         mapper._build_kw = {"allow_download": bool(config.get("allow_download", False)),
                             "seed": int(config.get("seed", 0))}
         return mapper
@@ -186,7 +192,13 @@ class GridRegionMapper:
         return {"detector": "grid", "cnn": b.name, "weights": "none" if b.weights.startswith("none") else
                 b.weights, "allow_download": self._build_kw.get("allow_download", False),
                 "seed": self._build_kw.get("seed", 0), "input_size": b.input_size,
-                "batch_size": self.batch_size, "device": str(self.device), "amp": self.amp}
+                "batch_size": self.batch_size, "device": str(self.device), "amp": self.amp,
+                "threads": self.threads}
+
+    @property
+    def dtypes(self) -> dict[str, str]:
+        """Numpy dtype name of each output (:data:`REGION_DTYPES`)."""
+        return {name: REGION_DTYPES[name].name for name in self.outputs}
 
     @property
     def provenance(self) -> dict[str, Any]:
@@ -216,6 +228,10 @@ class GridRegionMapper:
 
     def __call__(self, images: list[Image.Image]) -> dict[str, np.ndarray]:
         """RGB PIL images -> ``{regions (B, k, D), boxes (B, k, 4), counts (B,), image_size (B, 2)}``."""
+        with pinned_threads(self.threads):
+            return self._map(images)
+
+    def _map(self, images: list[Image.Image]) -> dict[str, np.ndarray]:
         out = empty_region_rows(len(images), self.outputs)
         h, w = self.grid
         with torch.inference_mode():
@@ -288,7 +304,8 @@ class DetectorRegionMapper:
             ``10, 100`` its adaptive setting).
         min_size, max_size: torchvision's resize of the input (shorter side, longer-side cap).
         proposals: RPN boxes kept after its NMS, the candidates of the selection.
-        device, amp: as for :class:`GridRegionMapper` (the selection always runs in float32).
+        score_threshold, nms_iou: the selection rules (:func:`select_regions`; BUTD's 0.2 and 0.3).
+        device, amp, threads: as for :class:`GridRegionMapper` (the selection always runs in float32).
     """
 
     detector = "fasterrcnn"
@@ -296,7 +313,8 @@ class DetectorRegionMapper:
     def __init__(self, weights: str = "coco", min_boxes: int = DEFAULT_BOXES, max_boxes: int = DEFAULT_BOXES,
                  min_size: int = 800, max_size: int = 1333, proposals: int = 300,
                  device: str | torch.device | None = "cpu", amp: bool = False, allow_download: bool = False,
-                 seed: int = 0) -> None:
+                 seed: int = 0, score_threshold: float = SCORE_THRESHOLD, nms_iou: float = NMS_IOU,
+                 threads: int | None = None) -> None:
         from features import weights as W
         from prep.io import sha256_file
 
@@ -306,6 +324,11 @@ class DetectorRegionMapper:
             raise UserError(f"need 32 <= min size <= max size, got {min_size} and {max_size}")
         if proposals < max_boxes:
             raise UserError(f"--proposals {proposals} is fewer than --max-boxes {max_boxes}")
+        if not 0.0 < nms_iou <= 1.0:
+            raise UserError(f"the NMS threshold must be in (0, 1], got {nms_iou}")
+        if threads is not None and threads < 1:
+            raise UserError(f"--threads must be at least 1, not {threads}")
+        self.score_threshold, self.nms_iou, self.threads = float(score_threshold), float(nms_iou), threads
         self.weights, self.allow_download, self.seed = weights, allow_download, seed
         self.min_boxes, self.max_boxes = int(min_boxes), int(max_boxes)
         model = _fasterrcnn(seed)
@@ -342,7 +365,9 @@ class DetectorRegionMapper:
                    min_size=int(config.get("min_size", 800)), max_size=int(config.get("max_size", 1333)),
                    proposals=int(config.get("proposals", 300)),
                    device=config.get("device", "cpu"), amp=bool(config.get("amp", False)),
-                   allow_download=bool(config.get("allow_download", False)), seed=int(config.get("seed", 0)))
+                   allow_download=bool(config.get("allow_download", False)), seed=int(config.get("seed", 0)),
+                   score_threshold=float(config.get("score_threshold", SCORE_THRESHOLD)),
+                   nms_iou=float(config.get("nms_iou", NMS_IOU)), threads=config.get("threads"))
 
     @property
     def config(self) -> dict[str, Any]:
@@ -351,7 +376,13 @@ class DetectorRegionMapper:
         return {"detector": "fasterrcnn", "network": FASTERRCNN_NETWORK, "weights": self.weights,
                 "allow_download": self.allow_download, "seed": self.seed, "min_boxes": self.min_boxes,
                 "max_boxes": self.max_boxes, "min_size": int(t.min_size[0]), "max_size": int(t.max_size),
-                "proposals": self.proposals, "device": str(self.device), "amp": self.amp}
+                "proposals": self.proposals, "score_threshold": self.score_threshold, "nms_iou": self.nms_iou,
+                "device": str(self.device), "amp": self.amp, "threads": self.threads}
+
+    @property
+    def dtypes(self) -> dict[str, str]:
+        """Numpy dtype name of each output (:data:`REGION_DTYPES`)."""
+        return {name: REGION_DTYPES[name].name for name in self.outputs}
 
     @property
     def provenance(self) -> dict[str, Any]:
@@ -369,9 +400,9 @@ class DetectorRegionMapper:
             "features": f"box head fc7 after ReLU ({dim}-d) of 7x7 RoIAlign over FPN P2-P5 "
                         "(MultiScaleRoIAlign)",
             "boxes": "RPN proposals (not class-regressed), pixels of the loaded image, x1 y1 x2 y2",
-            "selection": {"score": "max foreground class probability", "score_threshold": SCORE_THRESHOLD,
-                          "nms": "class-agnostic", "nms_iou": NMS_IOU, "min_boxes": self.min_boxes,
-                          "max_boxes": self.max_boxes},
+            "selection": {"score": "max foreground class probability",
+                          "score_threshold": self.score_threshold, "nms": "class-agnostic",
+                          "nms_iou": self.nms_iou, "min_boxes": self.min_boxes, "max_boxes": self.max_boxes},
             "outputs": {n: list(s) for n, s in self.outputs.items()}, "amp": self.amp,
             "torch": torch.__version__, "torchvision": torchvision.__version__,
         }
@@ -397,7 +428,8 @@ class DetectorRegionMapper:
             feats = m.roi_heads.box_head(pooled).float()
             logits, _ = m.roi_heads.box_predictor(feats)
         scores = F.softmax(logits.float(), dim=-1)[:, 1:].amax(dim=-1)  # background is class 0
-        keep = select_regions(proposals[0].float().cpu(), scores.cpu(), self.min_boxes, self.max_boxes)
+        keep = select_regions(proposals[0].float().cpu(), scores.cpu(), self.min_boxes, self.max_boxes,
+                              self.score_threshold, self.nms_iou)
         boxes = resize_boxes(proposals[0].float().cpu()[keep], list(batch.image_sizes[0]),
                              [img.height, img.width])
         return (feats.cpu()[keep].numpy(), boxes.numpy().astype(np.float32),
@@ -406,6 +438,10 @@ class DetectorRegionMapper:
     def __call__(self, images: list[Image.Image]) -> dict[str, np.ndarray]:
         """RGB PIL images -> ``{regions (B, k, D), boxes (B, k, 4), counts (B,), image_size (B, 2)}``;
         an image with ``n < k`` regions has zero rows ``n..k-1``."""
+        with pinned_threads(self.threads):
+            return self._map(images)
+
+    def _map(self, images: list[Image.Image]) -> dict[str, np.ndarray]:
         out = empty_region_rows(len(images), self.outputs)
         for i, img in enumerate(images):
             feats, boxes, _ = self.detect(img.convert("RGB"))

@@ -4,6 +4,10 @@ Layout (see ``docs/ARCHITECTURE.md``, "Feature store")::
 
     imgid        (N,)        int64    the prepared dataset's imgid of each row (= its row)
     global       (N, C)      float32  10-crop averaged CNN features            (features cnn)
+    regions      (N, k, D)   float32  region features, zero rows after counts  (features regions)
+    boxes        (N, k, 4)   float32  x1 y1 x2 y2 pixels of each region        (where known)
+    counts       (N,)        int32    real regions of each row (0 for failed images)
+    image_size   (N, 2)      int32    width, height of the loaded image        (where known)
     fne/raw      (N, F)      float32  crop-averaged Full-Network activations   (features fne)
     fne/mean     (F,)        float32  per-feature mean of the valid train rows (after all blocks)
     fne/std      (F,)        float32  per-feature population std, same rows
@@ -34,6 +38,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -177,10 +182,14 @@ class FeatureStore:
 
     # -- creation ----------------------------------------------------------------------------------
     @classmethod
-    def create(cls, path: str | os.PathLike, imgids: np.ndarray, outputs: Mapping[str, int],
+    def create(cls, path: str | os.PathLike, imgids: np.ndarray, outputs: Mapping[str, RowShape],
                block_size: int, config: Mapping[str, Any], provenance: Mapping[str, Any],
-               overwrite: bool = False) -> FeatureStore:
-        """Create an empty store for ``len(imgids)`` rows and the ``outputs`` (name -> width).
+               overwrite: bool = False, dtypes: Mapping[str, str] | None = None) -> FeatureStore:
+        """Create an empty store for ``len(imgids)`` rows and the ``outputs``.
+
+        ``outputs``: name -> width ``C`` (an ``(N, C)`` array) or the shape of one row (``(k, D)`` gives
+        ``(N, k, D)``, ``()`` gives ``(N,)``); ``dtypes``: name -> numpy dtype name (default float32).
+        Float arrays are filled with NaN (the rows of failed images), integer arrays with 0.
 
         Built in a temporary sibling folder and renamed into place, so a run killed while creating
         leaves either no store or a complete empty one. ``overwrite`` replaces an existing store
@@ -202,9 +211,11 @@ class FeatureStore:
             g.create_array("valid", shape=(n,), chunks=(block_size,), dtype="bool", fill_value=False)
             g.create_array("blocks_done", shape=(n_blocks,), chunks=(1,), dtype="bool", fill_value=False)
             g.create_array("failures", shape=(n_blocks,), chunks=(1,), dtype=str, fill_value="")
-            for name, width in outputs.items():
-                g.create_array(name, shape=(n, int(width)), chunks=(block_size, _column_chunk(name, width)),
-                               dtype="float32", fill_value=np.nan)
+            kinds = {name: np.dtype((dtypes or {}).get(name, "float32")) for name in outputs}
+            for name, spec in outputs.items():
+                shape = row_shape(spec)
+                g.create_array(name, shape=(n, *shape), chunks=(block_size, *_row_chunks(name, shape)),
+                               dtype=kinds[name], fill_value=_fill(kinds[name]))
             g.attrs.update({
                 MARKER: STORE_FORMAT,
                 "config": _jsonable(dict(config)),
@@ -212,7 +223,8 @@ class FeatureStore:
                 "code_version": code_version(),
                 "block_size": int(block_size),
                 "n_blocks": n_blocks,
-                "outputs": {k: int(v) for k, v in outputs.items()},
+                "outputs": {k: _shape_attr(v) for k, v in outputs.items()},
+                "dtypes": {k: v.name for k, v in kinds.items()},
                 "complete": False,
                 "failures": [],
                 # every chunk of a finished block is on disk (ARRAY_CONFIG); older stores lack this
@@ -221,9 +233,10 @@ class FeatureStore:
         return cls(path, mode="r+")
 
     @classmethod
-    def open_or_create(cls, path: str | os.PathLike, imgids: np.ndarray, outputs: Mapping[str, int],
+    def open_or_create(cls, path: str | os.PathLike, imgids: np.ndarray, outputs: Mapping[str, RowShape],
                        block_size: int, config: Mapping[str, Any], provenance: Mapping[str, Any],
-                       overwrite: bool = False, hints: Mapping[str, str] | None = None) -> FeatureStore:
+                       overwrite: bool = False, hints: Mapping[str, str] | None = None,
+                       dtypes: Mapping[str, str] | None = None) -> FeatureStore:
         """Resume the store at ``path`` if it was made with ``config``; create it if absent.
 
         A store made with a different configuration is a :class:`UserError` naming the first
@@ -231,7 +244,8 @@ class FeatureStore:
         """
         path = Path(path)
         if overwrite or not path.exists():
-            return cls.create(path, imgids, outputs, block_size, config, provenance, overwrite=overwrite)
+            return cls.create(path, imgids, outputs, block_size, config, provenance, overwrite=overwrite,
+                              dtypes=dtypes)
         store = cls(path, mode="r+")
         store.recover()
         stored = dict(store.attrs.get("config", {}))
@@ -384,17 +398,25 @@ class FeatureStore:
                     failures: list[dict[str, Any]]) -> None:
         """Write one block's rows, validity and failures, then set its completion flag.
 
-        ``arrays``: name -> (rows, width) float32 with NaN rows where ``valid`` is False. The flag
-        is written last: a run killed before it recomputes the whole block on resume.
+        ``arrays``: name -> ``(rows, *row_shape)`` (see :meth:`empty_rows`), NaN (integer arrays: 0)
+        where ``valid`` is False, cast to the array's dtype. The flag is written last: a run killed
+        before it recomputes the whole block on resume.
         """
         start, stop = self.block_rows(block)
         for name, values in arrays.items():
             if values.shape[0] != stop - start:
                 raise ValueError(f"block {block}: {name} has {values.shape[0]} rows, expected {stop - start}")
-            self.array(name)[start:stop] = np.asarray(values, dtype=np.float32)
+            arr = self.array(name)
+            arr[start:stop] = np.asarray(values, dtype=arr.dtype)
         self.array("valid")[start:stop] = np.asarray(valid, dtype=bool)
         self.array("failures")[block] = json.dumps(failures) if failures else ""
         self.array("blocks_done")[block] = True
+
+    def empty_rows(self, name: str, rows: int) -> np.ndarray:
+        """``(rows, *row_shape)`` in the dtype of array ``name``, filled as failed rows are: NaN, or 0
+        for integer arrays (``counts``, ``image_size``)."""
+        arr = self.array(name)
+        return np.full((rows, *arr.shape[1:]), _fill(np.dtype(arr.dtype)), dtype=arr.dtype)
 
     def block_failures(self) -> list[dict[str, Any]]:
         """Failed images of every block, in row order."""
@@ -416,8 +438,31 @@ class FeatureStore:
                             "done); run the same `features` command again to finish it")
 
 
-def _column_chunk(name: str, width: int) -> int:
-    return int(min(width, COLUMN_CHUNK)) if name.startswith("fne/") else int(width)
+#: an output's row: a width ``C`` (rows ``(C,)``) or a shape (``(k, D)``, ``()``)
+RowShape = int | tuple[int, ...] | list[int]
+
+
+def row_shape(spec: RowShape) -> tuple[int, ...]:
+    """The shape of one row of an output: a width ``C`` -> ``(C,)``, a shape -> itself."""
+    if isinstance(spec, (int, np.integer)):
+        return (int(spec),)
+    return tuple(int(v) for v in spec)
+
+
+def _shape_attr(spec: RowShape) -> int | list[int]:
+    """How the ``outputs`` attribute records a row: widths as ints (as always), shapes as lists."""
+    return int(spec) if isinstance(spec, (int, np.integer)) else [int(v) for v in spec]
+
+
+def _fill(dtype: np.dtype) -> float | int:
+    return np.nan if dtype.kind == "f" else 0
+
+
+def _row_chunks(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Chunks of a row: whole, except the columns of wide FNE arrays (:data:`COLUMN_CHUNK`)."""
+    if name.startswith("fne/") and len(shape) == 1:
+        return (int(min(shape[0], COLUMN_CHUNK)),)
+    return shape
 
 
 def _check_replaceable(path: Path) -> None:
@@ -439,6 +484,10 @@ def remove_store(path: str | os.PathLike) -> None:
         _check_replaceable(path)
         shutil.rmtree(path)
 
+
+#: the per-row arrays of a region store (``features regions``, ``features import --format
+#: scan-precomp|butd-tsv``)
+REGION_ARRAYS = ("regions", "boxes", "counts", "image_size")
 
 #: keys of ``STORE:key`` specs: global CNN features, the ternary FNE, the raw FNE, region features
 KEYS = ("global", "fne", "fne_raw", "regions")
@@ -482,20 +531,13 @@ def check_store_matches(store: FeatureStore, dataset: PreparedDataset) -> None:
                         "differ; extract features for this dataset (or use its own store)")
 
 
-def read_matrix(spec: str, dataset: PreparedDataset | str | os.PathLike | None = None,
-                keep_dtype: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Read a feature matrix for training: ``(x float32 (N, C) or (N, k, D), valid bool (N,))``.
+#: array of each ``STORE:key`` spec
+SPEC_ARRAYS = {"global": "global", "fne": "fne/ternary", "fne_raw": "fne/raw", "regions": "regions"}
 
-    ``spec`` is ``"PATH.zarr:global"``, ``"PATH.zarr:fne"`` (the ternary FNE as float32),
-    ``"PATH.zarr:fne_raw"`` (the raw averaged activations) or ``"PATH.zarr:regions"`` (region
-    features ``(N, k, D)``, all-zero rows after an image's real regions); a bare path picks
-    ``global`` if the store has it, else ``fne``. Rows of failed images are NaN and ``valid`` is False there.
-    ``keep_dtype``: return the stored dtype instead (the int8 ternary FNE stays int8, 4x smaller
-    than float32; rows of failed images are then whatever is stored: use ``valid``).
-    ``dataset`` (a :class:`PreparedDataset` or its folder): refuse a store made for another one
-    (:func:`check_store_matches`). A valid row that is not finite, or a damaged chunk, is a
-    one-line :class:`UserError` pointing to ``features verify``.
-    """
+
+def _open_for_reading(spec: str, dataset: PreparedDataset | str | os.PathLike | None
+                      ) -> tuple[FeatureStore, Path, str]:
+    """The finished store of ``spec`` (checked against ``dataset``), its path and the array name to read."""
     path, key = parse_spec(spec)
     store = FeatureStore(path)
     if dataset is not None:
@@ -504,12 +546,16 @@ def read_matrix(spec: str, dataset: PreparedDataset | str | os.PathLike | None =
         check_store_matches(store, dataset)
     store.require_complete()
     if key is None:
-        key = "global" if store.has("global") else "fne"
-    name = {"global": "global", "fne": "fne/ternary", "fne_raw": "fne/raw", "regions": "regions"}[key]
+        key = next((k for k in ("global", "fne", "regions") if store.has(SPEC_ARRAYS[k])), "global")
+    name = SPEC_ARRAYS[key]
     if not store.has(name):
-        have = [k for k, n in (("global", "global"), ("fne", "fne/ternary"), ("fne_raw", "fne/raw"),
-                               ("regions", "regions")) if store.has(n)]
+        have = [k for k, n in SPEC_ARRAYS.items() if store.has(n)]
         raise UserError(f"{path}: no '{key}' features in this store (it has: {', '.join(have) or 'none'})")
+    return store, path, name
+
+
+def _read_checked(store: FeatureStore, path: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(stored array, valid (N,) bool)``; a valid row that is not finite is a UserError."""
     valid = np.asarray(store.array("valid")[:], dtype=bool)
     stored = np.asarray(store.array(name)[:])
     bad = first_nonfinite_row(stored, valid)  # int8 ternary rows are always finite
@@ -517,12 +563,84 @@ def read_matrix(spec: str, dataset: PreparedDataset | str | os.PathLike | None =
         raise UserError(f"{path}: row {bad} (imgid {bad}) of '{name}' is marked valid but is not finite "
                         f"(NaN or inf); run `features verify {path} --repair`, then the store's "
                         "`features` command to recompute it")
+    return stored, valid
+
+
+def read_matrix(spec: str, dataset: PreparedDataset | str | os.PathLike | None = None,
+                keep_dtype: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Read a feature matrix for training: ``(x float32 (N, C) or (N, k, D), valid bool (N,))``.
+
+    ``spec`` is ``"PATH.zarr:global"``, ``"PATH.zarr:fne"`` (the ternary FNE as float32),
+    ``"PATH.zarr:fne_raw"`` (the raw averaged activations) or ``"PATH.zarr:regions"`` (region
+    features ``(N, k, D)``, all-zero rows after an image's real regions: :func:`read_regions` also
+    gives the counts); a bare path picks ``global`` if the store has it, else ``fne``, else
+    ``regions``. Rows of failed images are NaN and ``valid`` is False there.
+    ``keep_dtype``: return the stored dtype instead (the int8 ternary FNE stays int8, 4x smaller
+    than float32; rows of failed images are then whatever is stored: use ``valid``).
+    ``dataset`` (a :class:`PreparedDataset` or its folder): refuse a store made for another one
+    (:func:`check_store_matches`). A valid row that is not finite, or a damaged chunk, is a
+    one-line :class:`UserError` pointing to ``features verify``.
+    """
+    store, path, name = _open_for_reading(spec, dataset)
+    stored, valid = _read_checked(store, path, name)
     if keep_dtype:
         return stored, valid
     x = stored.astype(np.float32, copy=False)
     if not valid.all():
         x[~valid] = np.nan
     return x, valid
+
+
+@dataclass(frozen=True)
+class RegionFeatures:
+    """A region store read for training (:func:`read_regions`).
+
+    Attributes:
+        regions: ``(N, k, D)`` float32; rows ``counts[i]..k-1`` of image ``i`` are zero padding; every row
+            of a failed image (``valid`` False) is NaN.
+        counts: ``(N,)`` int64, real regions per image (``1..k`` for valid rows, 0 for failed ones).
+        valid: ``(N,)`` bool.
+        boxes: ``(N, k, 4)`` float32 ``x1, y1, x2, y2`` in pixels of the image, or ``None`` when the
+            store has none (SCAN precomp imports).
+    """
+
+    regions: np.ndarray
+    counts: np.ndarray
+    valid: np.ndarray
+    boxes: np.ndarray | None = None
+
+
+def read_regions(spec: str, dataset: PreparedDataset | str | os.PathLike | None = None,
+                 with_boxes: bool = False) -> RegionFeatures:
+    """Read a region store for training: features, per-image region counts (to mask padding), validity.
+
+    ``spec``: ``"PATH.zarr"`` or ``"PATH.zarr:regions"``; ``dataset`` as for :func:`read_matrix`.
+    ``with_boxes`` also reads ``boxes`` when the store has them. A store without ``counts`` (written
+    by hand) counts the leading rows of each image that are not all zero.
+    """
+    path, key = parse_spec(spec)
+    if key not in (None, "regions"):
+        raise UserError(f"{spec}: read_regions reads region stores (PATH.zarr or PATH.zarr:regions)")
+    store, path, name = _open_for_reading(f"{path}:regions", dataset)
+    stored, valid = _read_checked(store, path, name)
+    x = stored.astype(np.float32, copy=False)
+    if store.has("counts"):
+        counts = np.asarray(store.array("counts")[:], dtype=np.int64)
+    else:
+        nonzero = np.abs(np.nan_to_num(x)).reshape(*x.shape[:2], -1).sum(axis=2) != 0
+        counts = x.shape[1] - np.argmax(nonzero[:, ::-1], axis=1)
+        counts[~nonzero.any(axis=1)] = 0
+    counts[~valid] = 0
+    if not valid.all():
+        x[~valid] = np.nan
+    bad = np.flatnonzero(valid & ((counts < 1) | (counts > x.shape[1])))
+    if len(bad):
+        raise UserError(f"{path}: imgid {int(bad[0])} is valid but has {int(counts[bad[0]])} regions "
+                        f"(expected 1..{x.shape[1]}); run `features verify {path}`")
+    boxes = None
+    if with_boxes and store.has("boxes"):
+        boxes = np.asarray(store.array("boxes")[:], dtype=np.float32)
+    return RegionFeatures(x, counts, valid, boxes)
 
 
 def first_nonfinite_row(x: np.ndarray, valid: np.ndarray, chunk_rows: int = 4096) -> int | None:

@@ -2,17 +2,18 @@
 
 A block flagged done promises that its rows are on disk. Two depths check that promise:
 
-- **files** (:func:`check_files`; every ``features cnn|fne`` that resumes a store runs it): for every
-  block flagged done, the chunk file of each per-block array (``imgid``, ``valid``, ``failures``
-  and the extracted rows, ``global`` or ``fne/raw``) exists and is not empty. Only ``stat`` calls,
-  a few per block, no data read: cheap even for a 34 GB FNE store.
+- **files** (:func:`check_files`; every ``features cnn|fne|regions`` that resumes a store runs it):
+  for every block flagged done, the chunk file of each per-block array (``imgid``, ``valid``,
+  ``failures`` and the extracted rows, ``global``, ``fne/raw`` or the region arrays) exists and is
+  not empty. Only ``stat`` calls, a few per block, no data read: cheap even for a 34 GB FNE store.
 - **values** (:func:`verify_store`, ``features verify``): also decodes every chunk of those blocks
   (and of ``fne/ternary``, ``fne/mean``, ``fne/std`` of a finished FNE store), checks that valid
-  rows are finite, ternary values are in {-1, 0, 1}, ``imgid`` is the row, and that ``valid`` is
+  rows are finite, ternary values are in {-1, 0, 1}, ``imgid`` is the row, region ``counts`` are
+  ``1..k`` with zero rows after them, and that ``valid`` is
   False exactly at the images the block's ``failures`` record (imported stores: at least there,
   since rows of splits never imported are invalid without a failure). This reads the whole store.
 
-``--repair`` clears the completion flag of each damaged block (the next ``features cnn|fne``
+``--repair`` clears the completion flag of each damaged block (the next ``features cnn|fne|regions``
 recomputes it) and marks the store incomplete; damage confined to the arrays derived at the end
 (``fne/ternary``, ``fne/mean``, ``fne/std``) only marks the store incomplete, so that the next run
 derives them again without re-extracting. The times of both depths are printed by
@@ -152,18 +153,38 @@ def _check_values(store: FeatureStore, block: int, outputs: list[str], ternary: 
             unexplained = [start + int(k) for k in np.flatnonzero(~valid) if start + int(k) not in failed]
             if unexplained:
                 problems.append(f"imgid {_few(unexplained)} invalid without a recorded failure")
+    rows = {}
     for name in outputs:
-        x = read(name)
+        x = rows[name] = read(name)
         if x is not None and valid is not None:
-            bad = np.flatnonzero(valid & ~np.isfinite(x).all(axis=1))
+            bad = np.flatnonzero(valid & ~np.isfinite(x.reshape(len(x), -1)).all(axis=1))
             if len(bad):
                 problems.append(f"{name}: valid rows {_few([start + int(k) for k in bad])} not finite")
+    if valid is not None and rows.get("regions") is not None and rows.get("counts") is not None:
+        problems += _check_counts(rows["regions"], rows["counts"], valid, start)
     rows_damaged = bool(problems)
     if ternary:
         t = read(TERNARY)
         if t is not None and not np.isin(t, (-1, 0, 1)).all():
             problems.append(f"{TERNARY}: values outside {{-1, 0, 1}}")
     return problems, rows_damaged
+
+
+def _check_counts(regions: np.ndarray, counts: np.ndarray, valid: np.ndarray, start: int) -> list[str]:
+    """A region block's ``counts`` (B,) against its ``regions`` (B, k, D): a valid row has 1..k regions
+    and zero rows after them (the padding the encoders mask)."""
+    k = regions.shape[1]
+    problems = []
+    wrong = np.flatnonzero(valid & ((counts < 1) | (counts > k)))
+    if len(wrong):
+        problems.append(f"counts: valid rows {_few([start + int(i) for i in wrong])} outside 1..{k}")
+    padding = np.arange(k)[None, :] >= counts[:, None]  # (B, k)
+    filled = (np.nan_to_num(regions) != 0).reshape(len(regions), k, -1).any(axis=2) & padding
+    unpadded = np.flatnonzero(valid & filled.any(axis=1))
+    if len(unpadded):
+        problems.append(f"regions: rows {_few([start + int(i) for i in unpadded])} hold non-zero "
+                        "regions after their counts")
+    return problems
 
 
 def _few(ids: list[int], limit: int = 5) -> str:

@@ -113,8 +113,10 @@ class FeaturesSection(Section):
     on_error: Literal["record", "fail"] = "record"
     threshold_low: float = -0.25
     threshold_high: float = 0.15
-    # regions (bottom-up attention selection rules)
-    detector: str = "fasterrcnn_resnet50_fpn"
+    # regions: grid (cells of the cnn's last feature map; cnn defaults to efficientnet_lite0 there) or
+    # fasterrcnn (torchvision's fasterrcnn_resnet50_fpn, also accepted by that name), then the
+    # bottom-up-attention selection rules of fasterrcnn; fixed_boxes K (null: min..max_boxes)
+    detector: str = "grid"
     score_threshold: float = 0.2
     nms_threshold: float = 0.3
     min_boxes: int = 10

@@ -100,8 +100,8 @@ def test_fne_train_statistics_and_rethreshold(coco_sample, tmp_path, capsys):
 
 
 def test_errors_are_one_line(data, tmp_path, capsys):
-    assert run("regions", "--data", str(data), "--out", str(tmp_path / "r.zarr")) == 2
-    assert "not implemented yet" in capsys.readouterr().err
+    assert run("regions", "--detector", "yolo", "--data", str(data), "--out", str(tmp_path / "r.zarr")) == 2
+    assert "--detector 'yolo': use one of grid, fasterrcnn" in capsys.readouterr().err
     assert not (tmp_path / "r.zarr").exists()
     assert run("cnn", "--out", str(tmp_path / "x.zarr"), *BASE) == 2
     assert "--data is required" in capsys.readouterr().err
@@ -111,7 +111,7 @@ def test_errors_are_one_line(data, tmp_path, capsys):
 
 
 def test_help_explains_every_option(capsys):
-    for command in ("cnn", "fne", "export", "import"):
+    for command in ("cnn", "fne", "regions", "export", "import"):
         with pytest.raises(SystemExit):
             main([command, "--help"])
         text = capsys.readouterr().out
