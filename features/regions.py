@@ -338,7 +338,8 @@ class DetectorRegionMapper:
             if weights == "coco":
                 from torchvision.models.detection import FasterRCNN_ResNet50_FPN_Weights
 
-                path = W.torchvision_checkpoint(FasterRCNN_ResNet50_FPN_Weights.COCO_V1.url, allow_download)
+                path = W.torchvision_checkpoint(FasterRCNN_ResNet50_FPN_Weights.COCO_V1.url, allow_download,
+                                                what=f"COCO weights of {FASTERRCNN_NETWORK}")
             else:
                 from pathlib import Path
 

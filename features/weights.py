@@ -15,15 +15,16 @@ from torch import nn
 from prep.errors import UserError
 
 
-def torchvision_checkpoint(url: str, allow_download: bool) -> Path:
-    """Path of torchvision's cached checkpoint for ``url``; downloads only when ``allow_download``."""
+def torchvision_checkpoint(url: str, allow_download: bool, what: str = "ImageNet weights") -> Path:
+    """Path of torchvision's cached checkpoint for ``url``; downloads only when ``allow_download``.
+    ``what`` names the weights in the error for a missing file."""
     folder = Path(torch.hub.get_dir()) / "checkpoints"
     path = folder / url.rsplit("/", 1)[-1]
     if path.is_file():
         return path
     if not allow_download:
         raise UserError(
-            f"ImageNet weights not found: expected {path} (download {url} into {folder}), "
+            f"{what} not found: expected {path} (download {url} into {folder}), "
             "or pass --weights PATH, or --allow-download"
         )
     torch.hub.load_state_dict_from_url(url, model_dir=str(folder), progress=True, check_hash=True)

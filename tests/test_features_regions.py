@@ -162,7 +162,8 @@ def test_fasterrcnn_weights_from_a_file_and_missing_coco_weights(detector, tmp_p
     assert not torch.equal(other.model.state_dict()["roi_heads.box_head.fc6.weight"],
                            detector.model.state_dict()["roi_heads.box_head.fc6.weight"])
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch-home"))
-    with pytest.raises(UserError, match="fasterrcnn_resnet50_fpn_coco-258fb6c6.pth"):
+    with pytest.raises(UserError, match="COCO weights of fasterrcnn_resnet50_fpn not found: .*"
+                                        "fasterrcnn_resnet50_fpn_coco-258fb6c6.pth"):
         DetectorRegionMapper(weights="coco")
     torch.save({"not": torch.zeros(2)}, tmp_path / "wrong.pth")
     with pytest.raises(UserError, match="do not fit the model"):
