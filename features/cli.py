@@ -167,8 +167,10 @@ def store_config(settings: FeaturesSection, mapper: Mapper, images_sha256: str,
     prov = mapper.provenance
     if settings.kind == "regions":
         described = getattr(mapper, "config", {})
+        # amp as asked: on a cluster the driver's CPU copy has it off while CUDA workers use it
         return {**{k: v for k, v in described.items() if k not in SPEED_KEYS}, "kind": "regions",
-                "weights_sha256": prov.get("weights_sha256"), "block_size": settings.block_size,
+                "amp": settings.amp, "weights_sha256": prov.get("weights_sha256"),
+                "block_size": settings.block_size,
                 "images_sha256": images_sha256, "n_rows": n_rows, "outputs": dict(mapper.outputs)}
     config = {
         "kind": settings.kind, "cnn": settings.cnn, "weights": settings.weights,

@@ -234,23 +234,11 @@ def _import_rows(out: str | os.PathLike, dataset: PreparedDataset, outputs: dict
         # a finished block means damage, see features.verify), and memory stays one block.
         for b in range(store.n_blocks):
             start, stop = store.block_rows(b)
-            blocks = {name: np.asarray(store.array(name)[start:stop]) for name in outputs}
-            gone = replaced[(replaced >= start) & (replaced < stop)] - start
-            hit = present[(present >= start) & (present < stop)]
-            for name, block in blocks.items():
-                block[gone] = store.empty_rows(name, 1)
-            if len(hit):
-                values = read(hit)
-                finite = np.ones(len(hit), dtype=bool)
-                for v in values.values():
-                    if v.dtype.kind == "f":
-                        finite &= np.isfinite(v.reshape(len(hit), -1)).all(axis=1)
-                for name, block in blocks.items():
-                    block[hit[finite] - start] = values[name][finite]
-                valid[hit[finite]] = True
-                bad += [int(r) for r in hit[~finite]]
-            for name, block in blocks.items():
-                store.array(name)[start:stop] = block
+            in_block = (present >= start) & (present < stop)
+            written = _merge_block(store, list(outputs), start, stop,
+                                   replaced[(replaced >= start) & (replaced < stop)], present[in_block], read)
+            valid[written] = True
+            bad += [int(r) for r in np.setdiff1d(present[in_block], written)]
         store.array("valid")[:] = valid
         where = ", ".join(str(f) for f in files)
         _record_failures(store, set(replaced.tolist()), sorted(
@@ -265,6 +253,29 @@ def _import_rows(out: str | os.PathLike, dataset: PreparedDataset, outputs: dict
             "rows": len(present), "missing_rows": len(missing), "nonfinite_rows": len(bad)}
         store.set_attrs(provenance=prov, complete=True, failures=store.block_failures())
     return ImportResult(out, len(present), bad, [int(i) for i in missing], [], files)
+
+
+def _merge_block(store: FeatureStore, names: list[str], start: int, stop: int, replaced: np.ndarray,
+                 present: np.ndarray, read: Callable[[np.ndarray], dict[str, np.ndarray]]) -> np.ndarray:
+    """Rewrite rows ``start:stop`` of the arrays ``names``: ``replaced`` rows emptied (NaN, or 0 for
+    integer arrays), then the ``present`` rows whose values are all finite filled from ``read``.
+    Returns the rows filled."""
+    blocks = {name: np.asarray(store.array(name)[start:stop]) for name in names}
+    for name, block in blocks.items():
+        block[replaced - start] = store.empty_rows(name, 1)
+    filled = present[:0]
+    if len(present):
+        values = read(present)
+        finite = np.ones(len(present), dtype=bool)
+        for v in values.values():
+            if v.dtype.kind == "f":
+                finite &= np.isfinite(v.reshape(len(present), -1)).all(axis=1)
+        filled = present[finite]
+        for name, block in blocks.items():
+            block[filled - start] = values[name][finite]
+    for name, block in blocks.items():
+        store.array(name)[start:stop] = block
+    return filled
 
 
 def _record_failures(store: FeatureStore, replaced: set[int], new: list[dict]) -> None:
