@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -110,6 +111,20 @@ def test_regions_resume_after_sigkill_equals_uninterrupted_run(grid_store, data,
     for name in ("regions", "boxes", "counts", "image_size", "valid"):
         np.testing.assert_array_equal(resumed.array(name)[:], clean.array(name)[:])
     assert verify_store(out).ok
+
+
+def test_damaged_region_chunks_are_reported_and_recomputed(grid_store, data, tmp_path, capsys):
+    out = tmp_path / "copy.zarr"
+    shutil.copytree(grid_store, out)
+    (out / "counts" / "c" / "1").unlink()
+    (out / "regions" / "c" / "3" / "0" / "0").unlink()
+    report = verify_store(out)
+    assert report.blocks == {1: ["counts/c/1 missing"], 3: ["regions/c/3/0/0 missing"]}
+    assert main(["regions", "--data", str(data), "--out", str(out), *GRID, "--block-size", "5"]) == 0
+    assert "wrote 10 rows, skipped 14 already done" in capsys.readouterr().out
+    fixed, clean = FeatureStore(out), FeatureStore(grid_store)
+    for name in ("regions", "counts"):
+        np.testing.assert_array_equal(fixed.array(name)[:], clean.array(name)[:])
 
 
 def test_region_writers_take_the_lock(grid_store, data, tmp_path, capsys):
