@@ -138,6 +138,10 @@ class PlainProgress:
                     return f"{n / scale:.1f}{suffix}"
         return f"{int(n):,}"
 
+    def _rate(self, rate: float) -> str:
+        """A rate per second: one decimal below 10 (a slow job shows ``0.4``, not ``0``)."""
+        return f"{rate:.1f}" if rate < 10 else self._count(rate)
+
     def _line(self, now: float) -> str:
         elapsed = now - self.t0
         done = self.n - self.start_n
@@ -147,11 +151,11 @@ class PlainProgress:
             parts[0] += f"/{self._count(self.total)} {self.unit} ({100 * self.n / self.total:.0f}%)"
             eta = (self.total - self.n) / rate if rate > 0 else float("nan")
             eta_text = time.strftime("%H:%M:%S", time.gmtime(eta)) if eta == eta else "?"
-            parts.append(f"{self._count(rate)} {self.unit}/s, elapsed "
+            parts.append(f"{self._rate(rate)} {self.unit}/s, elapsed "
                          f"{time.strftime('%H:%M:%S', time.gmtime(elapsed))}, ETA {eta_text}")
         else:
             parts[0] += f" {self.unit}"
-            parts.append(f"{self._count(rate)} {self.unit}/s")
+            parts.append(f"{self._rate(rate)} {self.unit}/s")
         if self.postfix:
             parts.append(self.postfix)
         return ", ".join(parts)
