@@ -412,7 +412,13 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(zero rows after an image's real regions), their boxes in pixels, "
                                    "their count, and the image size.")
     _extraction_options(p, "regions")
-    p = sub.add_parser("export", help="write a store's features as VSE++/SCAN precomp .npy or HDF5")
+    p = sub.add_parser("export", help="write a store's features as VSE++/SCAN precomp .npy or HDF5",
+                       description="Write a finished store's features for other codebases: VSE++/SCAN "
+                                   "precomp ({split}_ims.npy, {split}_caps.txt, {split}_ids.json per split, "
+                                   "dev = val; a 5,000-image test split as testall_* and its first 1,000 as "
+                                   "test_*) or one HDF5 file (features, imgid, valid, split, filename, "
+                                   "cocoid). Refuses a store made for another prepared dataset, and failed "
+                                   "images unless --allow-invalid.")
     p.add_argument("--store", metavar="STORE.zarr[:KEY]", required=True,
                    help="feature store; KEY global, fne (ternary), fne_raw or regions (default: what it has)")
     p.add_argument("--data", metavar="DIR", required=True, help="the prepared dataset of the store")
@@ -426,26 +432,30 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only these splits (repeatable; default all with images)")
     p.add_argument("--allow-invalid", action="store_true",
                    help="write rows of failed images (NaN) instead of refusing")
-    p = sub.add_parser("import", help="read VSE++/SCAN precomp .npy or bottom-up-attention TSV into a store",
+    p = sub.add_parser("import", help="read VSE++/SCAN precomp .npy, HDF5 or bottom-up-attention TSV into a "
+                                      "store",
                        description="Read features made elsewhere into a store of a prepared dataset. Rows "
                                    "the file lacks, and rows holding NaN or inf, are stored invalid and "
                                    "reported.")
-    p.add_argument("--format", choices=("precomp", "scan-precomp", "butd-tsv"), default="precomp",
+    p.add_argument("--format", choices=("precomp", "scan-precomp", "butd-tsv", "hdf5"), default="precomp",
                    help="precomp (default): a VSE++ {split}_ims.npy of global features (n, C); scan-precomp: "
                         "SCAN's region {split}_ims.npy (n, k, D), e.g. (n, 36, 2048); butd-tsv: the "
                         "bottom-up-attention TSV (image_id, image_w, image_h, num_boxes, base64 boxes and "
-                        "features), matched by image id")
+                        "features), matched by image id; hdf5: a file as `features export --format hdf5` "
+                        "writes it ('global', 'imgid', optionally 'valid', 'filename', 'cocoid'), rows "
+                        "placed by imgid, filename/cocoid checked against --data")
     p.add_argument("--npy", metavar="FILE.npy", default=None,
                    help="precomp / scan-precomp: the split's array, rows in the split's image order")
     p.add_argument("--ids", metavar="FILE", default=None,
                    help="scan-precomp: one image id per row (e.g. SCAN's {split}_ids.txt): match rows by "
                         "id instead of by order")
+    p.add_argument("--h5", metavar="FILE.h5", default=None, help="hdf5: the file to import")
     p.add_argument("--tsv", metavar="FILE", action="append", default=None,
                    help="butd-tsv: a TSV file (repeatable: BUTD ships trainval as .tsv.0 .. .tsv.3)")
     p.add_argument("--data", metavar="DIR", required=True, help="prepared dataset the rows belong to")
     p.add_argument("--split", choices=("train", "val", "test"), default=None,
                    help="split whose images the rows are (required for precomp and scan-precomp); "
-                        "butd-tsv: only this split (default: every image the TSV has)")
+                        "butd-tsv, hdf5: only this split (default: every image the file has)")
     p.add_argument("--out", metavar="STORE.zarr", required=True,
                    help="store to write; an existing imported store of the same dataset gains the split")
     p.add_argument("--overwrite", action="store_true", help="start a new store even if --out exists")
@@ -515,7 +525,11 @@ def _main(argv: Sequence[str] | None) -> int:
 def _import(args: argparse.Namespace) -> int:
     from features import interop
 
-    if args.format == "butd-tsv":
+    if args.format == "hdf5":
+        if not args.h5 or args.npy or args.tsv:
+            raise UserError("features import --format hdf5 reads --h5 FILE.h5, not --npy or --tsv")
+        result = interop.import_hdf5(args.h5, args.data, args.out, split=args.split, overwrite=args.overwrite)
+    elif args.format == "butd-tsv":
         if not args.tsv or args.npy:
             raise UserError("features import --format butd-tsv reads --tsv FILE (repeatable), not --npy")
         result = interop.import_regions(args.format, args.tsv, args.data, args.out, split=args.split,

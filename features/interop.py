@@ -2,9 +2,14 @@
 
 Precomp layout (VSE++ ``data.py``, SCAN): one file per split, one row per image in the split's
 image order, float32; the validation split is called ``dev``; a row is a vector ``(C,)`` (VSE++) or
-SCAN's regions ``(k, D)``. Export writes what a store holds; import places a split's rows at that
-split's images of a prepared dataset. Region files (SCAN precomp, bottom-up-attention TSV) are read by
-:mod:`features.region_formats` and written by the same block writer (:func:`import_regions`).
+SCAN's regions ``(k, D)``. With each ``{name}_ims.npy`` export writes ``{name}_caps.txt``, the captions
+one per line grouped by image in the same order, and ``{name}_ids.json``, every row's image (prepared
+imgid, COCO id, file); a test split of 5,000 images (COCO's Karpathy 5k) is written as SCAN ships it:
+``testall_*`` all 5,000 images, ``test_*`` the first 1,000 (the 1k test set). Export writes what a
+store holds; import places a split's rows at that split's images of a prepared dataset, or an HDF5
+file's rows at its own imgids (:func:`import_hdf5`). Region files (SCAN precomp, bottom-up-attention
+TSV) are read by :mod:`features.region_formats` and written by the same block writer
+(:func:`import_regions`).
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ import numpy as np
 from features.store import REGION_ARRAYS, FeatureStore, RowShape, parse_spec, read_matrix, row_shape
 from prep.dataset import DATASET_FILE, SPLITS, PreparedDataset
 from prep.errors import UserError
-from prep.io import exclusive_lock, sha256_file
+from prep.io import atomic_file, exclusive_lock, sha256_file, write_json_atomic
 
 #: precomp file prefix of each split (VSE++/SCAN call the validation split ``dev``)
 PRECOMP_NAMES = {"train": "train", "val": "dev", "test": "test"}
+#: a test split of this many images is COCO's 5k: written as ``testall`` (all) and ``test`` (first 1k)
+COCO_5K, COCO_1K = 5000, 1000
 
 
 def _save_npy_atomic(path: Path, array: np.ndarray) -> None:
@@ -56,16 +63,62 @@ def export_store(spec: str, data: str | os.PathLike, fmt: str, out: str | os.Pat
                             "fix or drop them, or pass --allow-invalid to write them as NaN")
     out = Path(out)
     if fmt == "precomp":
+        if out.exists() and not out.is_dir():
+            raise UserError(f"{out}: exists and is not a folder; give --out a folder for precomp files")
         out.mkdir(parents=True, exist_ok=True)
         written = []
         for split, r in rows.items():
-            file = out / f"{PRECOMP_NAMES[split]}_ims.npy"
-            _save_npy_atomic(file, np.ascontiguousarray(x[r], dtype=np.float32))
-            written.append(file)
+            parts = [(PRECOMP_NAMES[split], r)]
+            if split == "test" and len(r) == COCO_5K:
+                parts = [("testall", r), ("test", r[:COCO_1K])]
+            for name, part in parts:
+                written += _write_precomp(out, name, x, part, dataset)
         return written
     if fmt == "hdf5":
         return [_export_hdf5(store, dataset, np.concatenate(list(rows.values())), out)]
     raise UserError(f"unknown export format '{fmt}' (precomp or hdf5)")
+
+
+def _write_precomp(out: Path, name: str, x: np.ndarray, rows: np.ndarray, dataset: PreparedDataset
+                   ) -> list[Path]:
+    """``{name}_ims.npy``, ``{name}_caps.txt`` (one per language after the first:
+    ``{name}_caps.{lang}.txt``) and ``{name}_ids.json`` for the images ``rows``; returns the files.
+
+    Captions are grouped by image in row order, each image's in the dataset's order, newlines
+    folded to spaces. VSE++/SCAN read caption ``k`` as belonging to image ``k // 5``: the ids file's
+    ``captions_per_image`` says whether that holds (one number) or not (a list, one per image).
+    """
+    ims = out / f"{name}_ims.npy"
+    _save_npy_atomic(ims, np.ascontiguousarray(x[rows], dtype=np.float32))
+    written = [ims]
+    by_image: dict[int, list] = {int(r): [] for r in rows}
+    for sent in dataset.sentences:
+        if sent.imgid in by_image:
+            by_image[sent.imgid].append(sent)
+    per_image: dict[str, list[int]] = {}
+    for k, lang in enumerate(dataset.languages):
+        texts, counts = [], []
+        for r in rows:
+            caps = [" ".join(s.raw.split()) for s in by_image[int(r)] if s.lang == lang]
+            texts += caps
+            counts.append(len(caps))
+        file = out / (f"{name}_caps.txt" if k == 0 else f"{name}_caps.{lang}.txt")
+        with atomic_file(file, "w") as fh:
+            fh.write("".join(f"{t}\n" for t in texts))
+        written.append(file)
+        per_image[lang] = counts
+    images = [dataset.images[int(r)] for r in rows]
+    ids = {"dataset": str(dataset.root), "split": images[0].split if images else None,
+           "images": [{"imgid": im.imgid, "cocoid": im.cocoid, "file": _image_file(im)} for im in images],
+           "captions_per_image": {lang: (c[0] if len(set(c)) == 1 else c) for lang, c in per_image.items()}}
+    write_json_atomic(out / f"{name}_ids.json", ids)
+    written.append(out / f"{name}_ids.json")
+    return written
+
+
+def _image_file(image: object) -> str:
+    """``filepath/filename`` of a prepared image (``filename`` when it has no filepath)."""
+    return f"{image.filepath}/{image.filename}" if image.filepath else image.filename
 
 
 def _export_hdf5(store: FeatureStore, dataset: PreparedDataset, rows: np.ndarray, out: Path) -> Path:
@@ -84,6 +137,8 @@ def _export_hdf5(store: FeatureStore, dataset: PreparedDataset, rows: np.ndarray
 
 
 def _write_hdf5(file: object, store: FeatureStore, dataset: PreparedDataset, rows: np.ndarray) -> None:
+    import h5py
+
     names = [n for n in ("global", "fne/raw", "fne/ternary", *REGION_ARRAYS) if store.has(n)]
     with file as h5:
         for name in names:
@@ -94,6 +149,10 @@ def _write_hdf5(file: object, store: FeatureStore, dataset: PreparedDataset, row
         h5.create_dataset("imgid", data=rows)
         h5.create_dataset("valid", data=np.asarray(store.array("valid")[:], dtype=bool)[rows])
         h5.create_dataset("split", data=np.array([dataset.images[r].split for r in rows], dtype="S5"))
+        images = [dataset.images[r] for r in rows]
+        h5.create_dataset("filename", data=[_image_file(im) for im in images], dtype=h5py.string_dtype())
+        h5.create_dataset("cocoid", data=np.array([-1 if im.cocoid is None else im.cocoid for im in images],
+                                                  dtype=np.int64))
         attrs = store.attrs
         h5.attrs["provenance"] = json.dumps(attrs.get("provenance", {}))
         h5.attrs["config"] = json.dumps(attrs.get("config", {}))
@@ -136,7 +195,11 @@ def import_npy(npy: str | os.PathLike, data: str | os.PathLike, split: str, out:
     dataset = PreparedDataset.load(data)
     rows = np.asarray(dataset.image_rows(split), dtype=np.int64)
     if len(rows) != x.shape[0]:
-        raise UserError(f"{npy}: {x.shape[0]} rows, but split '{split}' of {data} has {len(rows)} images")
+        scan_1k = split == "test" and len(rows) == COCO_5K and x.shape[0] == COCO_1K
+        hint = (" (SCAN's test_ims.npy holds the first 1,000 of COCO's 5k test images: import "
+                "testall_ims.npy)" if scan_1k else "")
+        raise UserError(f"{npy}: {x.shape[0]} rows, but split '{split}' of {data} has {len(rows)} "
+                        f"images{hint}")
     position = {int(r): i for i, r in enumerate(rows)}
 
     def read(wanted: np.ndarray) -> dict[str, np.ndarray]:
@@ -144,6 +207,65 @@ def import_npy(npy: str | os.PathLike, data: str | os.PathLike, split: str, out:
 
     return _import_rows(out, dataset, {name: int(x.shape[1])}, None, rows, rows, read, [npy], split,
                         overwrite=overwrite)
+
+
+def import_hdf5(h5file: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike,
+                split: str | None = None, overwrite: bool = False) -> ImportResult:
+    """Read an HDF5 file in the layout ``features export --format hdf5`` writes into the store ``out``.
+
+    The file's ``global`` rows go to the images its ``imgid`` dataset names (only those of ``split``
+    when given; that split's images the file lacks are then stored invalid). Its ``filename`` (and
+    ``cocoid``) datasets, when present, must name the same images in ``data``: a file made for another
+    prepared dataset is refused. Rows the file marks ``valid=False`` or holding NaN/inf are stored
+    invalid, as :func:`import_npy` does.
+    """
+    import h5py
+
+    h5file = Path(h5file)
+    dataset = PreparedDataset.load(data)
+    try:
+        h5 = h5py.File(h5file, "r")
+    except OSError as exc:
+        raise UserError(f"{h5file}: cannot read as HDF5: {exc}") from None
+    with h5:
+        if "global" not in h5:
+            raise UserError(f"{h5file}: no 'global' dataset to import (it holds {', '.join(sorted(h5))}); "
+                            "only global features can be imported")
+        if "imgid" not in h5:
+            raise UserError(f"{h5file}: no 'imgid' dataset saying which image each row is")
+        x = np.asarray(h5["global"][:], dtype=np.float32)
+        imgid = np.asarray(h5["imgid"][:], dtype=np.int64)
+        file_valid = np.asarray(h5["valid"][:], dtype=bool) if "valid" in h5 else np.ones(len(imgid), bool)
+        names = ([n.decode() if isinstance(n, bytes) else str(n) for n in h5["filename"][:]]
+                 if "filename" in h5 else None)
+        cocoids = np.asarray(h5["cocoid"][:], dtype=np.int64) if "cocoid" in h5 else None
+    if x.ndim != 2 or len(imgid) != x.shape[0] or len(file_valid) != x.shape[0]:
+        raise UserError(f"{h5file}: 'global' {x.shape}, 'imgid' ({len(imgid)},) and 'valid' "
+                        f"({len(file_valid)},) do not describe the same rows")
+    n = len(dataset.images)
+    if len(imgid) and (imgid.min() < 0 or imgid.max() >= n or len(np.unique(imgid)) != len(imgid)):
+        raise UserError(f"{h5file}: 'imgid' must be distinct rows of {data} (0 to {n - 1})")
+    for k, i in enumerate(imgid):
+        im = dataset.images[int(i)]
+        if names is not None and names[k] != _image_file(im):
+            raise UserError(f"{h5file}: row {k} is image '{names[k]}', but imgid {i} of {data} is "
+                            f"'{_image_file(im)}': the file was made for another prepared dataset")
+        if cocoids is not None and cocoids[k] != (-1 if im.cocoid is None else im.cocoid):
+            raise UserError(f"{h5file}: row {k} has COCO id {cocoids[k]}, but imgid {i} of {data} has "
+                            f"{im.cocoid}: the file was made for another prepared dataset")
+    keep = np.array([split is None or dataset.images[int(i)].split == split for i in imgid], dtype=bool)
+    if not keep.any():
+        raise UserError(f"{h5file}: no rows of split '{split}' of {data}")
+    x[~file_valid] = np.nan  # rows the file says are failed images stay invalid here
+    position = {int(i): k for k, i in enumerate(imgid) if keep[k]}
+    present = np.sort(imgid[keep])
+    replaced = np.asarray(dataset.image_rows(split), dtype=np.int64) if split else present
+
+    def read(wanted: np.ndarray) -> dict[str, np.ndarray]:
+        return {"global": x[[position[int(r)] for r in wanted]]}
+
+    return _import_rows(out, dataset, {"global": int(x.shape[1])}, None, replaced, present, read, [h5file],
+                        split or "hdf5", overwrite=overwrite)
 
 
 def import_regions(fmt: str, files: Sequence[str | os.PathLike], data: str | os.PathLike,
