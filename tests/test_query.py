@@ -90,3 +90,53 @@ def test_commands_that_read_a_run_take_pipeline(run_dir: Path, tmp_path: Path, c
     assert train_main(["query", "--pipeline", "tiny", "--pipelines", pipelines, "--run", str(run_dir),
                        "--text", "x"]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def _collection(root: Path, kind: str, input_size: int = 96) -> tuple[Path, Path]:
+    """Another prepared dataset (other images) and its store, extracted with the given settings."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "c.yaml").write_text(PIPELINE.format(kind=kind).replace("seed: 2", "seed: 5").replace(
+        "num_images: 48", "num_images: 24").replace("input_size: 96", f"input_size: {input_size}").replace(
+        "out: data", "out: other").replace("out: feats.zarr", "out: other.zarr"))
+    assert train_main(["pipeline", "tiny", "--pipelines", str(root / "c.yaml"), "--until", "features"]) == 0
+    return root / "other", root / "other.zarr"
+
+
+def test_search_another_collection_with_its_store(run_dir: Path, tmp_path: Path, capsys) -> None:
+    from features.store import FeatureStore, parse_spec
+
+    run = load_run(run_dir, device="cpu")
+    kind = FeatureStore(parse_spec(run.settings.features)[0]).attrs["config"]["kind"]
+    data, store = _collection(tmp_path, kind)
+    if kind == "fne":
+        with pytest.raises(Exception, match="Full-Network Embedding store is not supported"):
+            run.search(text="a red circle", data=data, features=str(store))
+        return
+    from prep.dataset import PreparedDataset
+    from train.similarity import similarity
+
+    other = PreparedDataset.load(data)
+    [hits] = run.search(text="a red circle", top=5, split=None, data=data, features=str(store))
+    # the store's rows embed as the run's own featurizer embeds those image files
+    paths = [str(im.path) for im in other.images]
+    query = run.encode_text(["a red circle"])
+    scores = similarity(run.encode_images(paths), query, run.settings.measure)[:, 0]
+    best = torch.sort(scores, descending=True, stable=True)
+    assert [h.imgid for h in hits] == best.indices[:5].tolist()
+    np.testing.assert_allclose([h.score for h in hits], best.values[:5].numpy(), rtol=1e-5, atol=1e-6)
+    assert all(h.path == paths[h.imgid] for h in hits)
+    [caps] = run.search(image=paths[0], top=3, data=data, features=str(store), split=None)
+    assert {c.imgid for c in caps} <= set(range(len(other.images)))
+
+    assert train_main(["query", "--run", str(run_dir), "--text", "a red circle", "--data", str(data),
+                       "--features", str(store), "--device", "cpu", "--top", "2"]) == 0
+    assert str(data) in capsys.readouterr().out
+    wrong_data, wrong_store = _collection(tmp_path / "w", "cnn", input_size=64)
+    capsys.readouterr()
+    assert train_main(["query", "--run", str(run_dir), "--text", "x", "--data", str(wrong_data),
+                       "--features", str(wrong_store), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "input_size = 64" in err and len(err.splitlines()) == 1
+    assert train_main(["query", "--run", str(run_dir), "--text", "x", "--data", str(data),
+                       "--device", "cpu"]) == 2
+    assert "both --data and --features" in capsys.readouterr().err

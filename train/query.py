@@ -10,7 +10,10 @@ Python::
     hits = run.search(image="photo.jpg", top=5)[0]         # the split's captions, best first
 
 Candidates are the images (or captions) of one split of the run's prepared dataset (``split=None``:
-every image with valid features, every caption of the run's language). Scores are the run's own
+every image with valid features, every caption of the run's language), or of another collection:
+``run.search(..., data="work/mine/data", features="work/mine/feats.zarr")`` ranks the images of that
+prepared dataset from their feature store, which must be extracted exactly as the run's (same kind,
+network, weights, crops and sizes). Scores are the run's own
 similarity (cosine or order violation); equal scores are ordered by candidate index, so results
 are deterministic. The candidates' embeddings are computed once per run object and split.
 """
@@ -78,6 +81,61 @@ def candidates(run: LoadedRun, split: str | None = "test") -> Candidates:
     return cache[split]
 
 
+#: store settings that decide what a feature row means: equal in the run's store and a searched one
+EXTRACTOR_KEYS = ("kind", "cnn", "weights", "weights_sha256", "crops", "resize", "input_size", "outputs")
+
+
+def store_candidates(run: LoadedRun, data: str | Path, features: str, split: str | None = None) -> Candidates:
+    """Embed (once per run, collection and split) the images and captions of another prepared dataset.
+
+    Args:
+        run: a loaded run.
+        data: a prepared dataset folder (e.g. one's own images, ``prep karpathy``).
+        features: its feature store ``STORE[:KEY]``, extracted with the run's store's settings.
+        split: only the images of this split (``None``: every image with valid features).
+
+    Raises:
+        UserError: the store was made for other images, with other extractor settings than the
+            run's store, or is a Full-Network Embedding (standardised with its own train statistics,
+            so its rows are not comparable with the run's).
+    """
+    from features.store import FeatureStore, parse_spec
+    from prep.dataset import PreparedDataset
+    from train.data import read_features
+    from train.trainer import embed_images
+
+    key = (str(Path(data).resolve()), features, split)
+    cache = run.__dict__.setdefault("_store_candidates", {})
+    if key in cache:
+        return cache[key]
+    mine = FeatureStore(parse_spec(run.settings.features)[0]).attrs.get("config", {})
+    theirs = FeatureStore(parse_spec(features)[0]).attrs.get("config", {})
+    if theirs.get("kind") == "fne" or mine.get("kind") == "fne":
+        raise UserError(f"{features}: searching another Full-Network Embedding store is not supported: it is "
+                        "standardised with its own train statistics, not the run's")
+    for name in EXTRACTOR_KEYS:
+        if mine.get(name) != theirs.get(name):
+            raise UserError(f"{features}: extracted with {name} = {theirs.get(name)!r}, but the run's store "
+                            f"{run.settings.features} with {mine.get(name)!r}; extract it with the run's "
+                            "settings")
+    dataset = PreparedDataset.load(data)
+    x, valid = read_features(features, dataset)  # refuses a store made for other images
+    rows = np.array([i for i in dataset.image_rows(split) if valid[i]], dtype=np.int64)
+    if not len(rows):
+        raise UserError(f"{data}: no images with valid features{f' in split {split}' if split else ''}")
+    images = embed_images(run.model, torch.from_numpy(np.ascontiguousarray(x[rows])), run.device,
+                          amp=run.settings.amp)
+    lang = run.settings.lang
+    texts, cap_img = dataset.captions(split, lang) if lang in dataset.languages else ([], [])
+    keep = set(rows.tolist())
+    pairs = [(t, i) for t, i in zip(texts, cap_img, strict=True) if i in keep]
+    captions = run.encode_text([t for t, _ in pairs]) if pairs else torch.zeros(0, images.shape[1])
+    cache[key] = Candidates(images=images, imgids=rows, paths=[str(dataset.images[i].path) for i in rows],
+                            captions=captions, caption_imgids=np.array([i for _, i in pairs], dtype=np.int64),
+                            texts=[t for t, _ in pairs])
+    return cache[key]
+
+
 def _top(scores: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row of ``scores (Q, K)``: the ``top`` best ``(values, indices)``, ties by lower index."""
     values, indices = torch.sort(scores, dim=1, descending=True, stable=True)
@@ -86,7 +144,8 @@ def _top(scores: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def search(run: LoadedRun, text: str | Sequence[str] | None = None,
            image: str | Path | Sequence[str | Path] | None = None, top: int = 5,
-           split: str | None = "test") -> list[list[Hit]]:
+           split: str | None = "test", data: str | Path | None = None, features: str | None = None
+           ) -> list[list[Hit]]:
     """The ``top`` images for each text query, or the ``top`` captions for each image query.
 
     Args:
@@ -95,6 +154,9 @@ def search(run: LoadedRun, text: str | Sequence[str] | None = None,
         image: one image path or a list (image -> text retrieval); give ``text`` or ``image``.
         top: hits per query.
         split: the split whose images / captions are the candidates (``None``: all).
+        data: with ``features``, search this prepared dataset's images (and captions) instead of
+            the run's (:func:`store_candidates`).
+        features: the feature store of ``data``.
 
     Returns:
         One list of :class:`Hit` per query, best first.
@@ -103,7 +165,11 @@ def search(run: LoadedRun, text: str | Sequence[str] | None = None,
         raise UserError("give either text queries or image queries")
     if top < 1:
         raise UserError(f"--top must be at least 1, got {top}")
-    cands = candidates(run, split)
+    if (data is None) != (features is None):
+        raise UserError("give both --data and --features to search another collection")
+    cands = candidates(run, split) if data is None else store_candidates(run, data, str(features), split)
+    if image is not None and not len(cands.texts):
+        raise UserError(f"{data}: no captions in the run's language ({run.settings.lang}) to rank")
     measure, sqrt = run.settings.measure, bool(run.settings.order_sqrt)
     if text is not None:
         queries = [text] if isinstance(text, str) else list(text)
@@ -140,8 +206,11 @@ def _command(args: argparse.Namespace) -> int:
         raise UserError("give --text or --image, not both")
     run = load_run(run_from_arguments(args), args.checkpoint, args.device)
     split = None if args.split == "all" else args.split
+    if args.data and args.split == "test" and not args.split_given:
+        split = None  # another collection: all its images unless --split says otherwise
     queries = args.text or args.image
-    results = search(run, text=args.text or None, image=args.image or None, top=args.top, split=split)
+    results = search(run, text=args.text or None, image=args.image or None, top=args.top, split=split,
+                     data=args.data, features=args.features)
     for query, hits in zip(queries, results, strict=True):
         print(format_hits(query, hits))
     if args.json:
@@ -151,20 +220,37 @@ def _command(args: argparse.Namespace) -> int:
     return 0
 
 
+class _SplitAction(argparse.Action):
+    """``--split``, remembering that it was given (its default differs with --data)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.split_given = True
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``train query``."""
     p = sub.add_parser(
         "query", help="retrieve images for a text or captions for an image with a trained run",
         description="Text -> image or image -> text retrieval with a trained run, over one split of its "
-        "prepared dataset. Image queries are featurized exactly as the run's feature store was (same "
+        "prepared dataset, or over the images of another prepared dataset and its feature store (--data, "
+        "--features). Image queries are featurized exactly as the run's feature store was (same "
         "network, weights, crops; FNE statistics and thresholds of the store).")
     add_run_arguments(p)
     p.add_argument("--text", action="append", metavar="TEXT", help="a query text (repeatable)")
     p.add_argument("--image", action="append", metavar="PATH", help="a query image (repeatable)")
     p.add_argument("--top", type=int, default=5, help="hits per query (default 5)")
     p.add_argument("--split", default="test", choices=("train", "val", "test", "all"),
-                   help="candidates: images or captions of this split, or all (default test)")
+                   action=_SplitAction,
+                   help="candidates: images or captions of this split, or all (default: test of the run's "
+                        "dataset, all of --data)")
+    p.add_argument("--data", metavar="DIR", default=None,
+                   help="search this prepared dataset's images and captions instead of the run's (with "
+                        "--features)")
+    p.add_argument("--features", metavar="STORE.zarr[:KEY]", default=None,
+                   help="the feature store of --data, extracted with the run's store's settings")
     p.add_argument("--checkpoint", default="best", choices=("best", "last"), help="checkpoint (default best)")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--json", metavar="PATH", help="also write the hits as JSON")
-    p.set_defaults(func=_command)
+    p.set_defaults(func=_command, split_given=False)

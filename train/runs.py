@@ -248,11 +248,13 @@ class LoadedRun:
         return embed_images(self.model, torch.from_numpy(rows), self.device, amp=self.settings.amp)
 
     def search(self, text: str | list[str] | None = None, image: str | list[str] | None = None, top: int = 5,
-               split: str | None = "test") -> list:
-        """Ranked images for text queries or captions for image queries (:func:`train.query.search`)."""
+               split: str | None = "test", data: str | os.PathLike | None = None,
+               features: str | None = None) -> list:
+        """Ranked images for text queries or captions for image queries (:func:`train.query.search`);
+        ``data`` and ``features`` search another prepared dataset's images with its feature store."""
         from train.query import search
 
-        return search(self, text=text, image=image, top=top, split=split)
+        return search(self, text=text, image=image, top=top, split=split, data=data, features=features)
 
     def caption_set(self, split: str) -> CaptionSet:
         """The whole ``split`` in the run's language (all its images, not the val subset)."""
