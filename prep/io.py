@@ -14,17 +14,26 @@ from pathlib import Path
 from typing import IO, Any
 
 
+def _umask() -> int:
+    """The process's file-creation mask (read by setting it and back)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO[Any]]:
     """Open a temporary sibling of ``path`` for writing; on success fsync it and rename it to ``path``.
 
     On any exception the temporary file is removed and ``path`` is left as it was, so a reader (or a
-    run killed at any instant) only ever sees a complete file.
+    run killed at any instant) only ever sees a complete file. The file gets the permissions of one
+    made by ``open`` (0666 less the umask), not the temporary file's private 0600.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as fh:
             yield fh
             fh.flush()
@@ -47,12 +56,14 @@ def write_json_atomic(path: str | os.PathLike, obj: Any, indent: int | None = 1)
 def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterator[Path]:
     """Yield a temporary sibling directory; on success it replaces ``final`` in one rename.
 
-    On any exception the temporary directory is removed and ``final`` is left as it was.
+    On any exception the temporary directory is removed and ``final`` is left as it was. The
+    directory gets the permissions of one made by ``mkdir`` (0777 less the umask), not 0700.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
     try:
+        tmp.chmod(0o777 & ~_umask())
         yield tmp
         if final.exists():
             if not overwrite:

@@ -1,4 +1,4 @@
-"""Shared atomic-IO helpers: the exclusive writer lock."""
+"""Shared atomic-IO helpers: the exclusive writer lock, and the permissions of atomic outputs."""
 
 import signal
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from prep.errors import UserError
-from prep.io import exclusive_lock, lock_path
+from prep.io import atomic_directory, atomic_file, exclusive_lock, lock_path, write_json_atomic
 
 
 def test_second_writer_refused_and_stale_lock_taken_over(tmp_path):
@@ -25,3 +25,25 @@ def test_second_writer_refused_and_stale_lock_taken_over(tmp_path):
     with exclusive_lock(target) as p:
         assert p == lock_path(target)
     assert not lock_path(target).exists()
+
+
+def test_atomic_outputs_get_the_permissions_of_ordinary_ones(tmp_path):
+    """Files and folders written atomically are as readable as ``open`` / ``mkdir`` would make them
+    (a prepared dataset or a gallery page shared with others), not the temporary files' 0600/0700."""
+    import os
+
+    old = os.umask(0o022)
+    try:
+        write_json_atomic(tmp_path / "a.json", {"x": 1})
+        with atomic_file(tmp_path / "b.bin") as fh:
+            fh.write(b"x")
+        with atomic_directory(tmp_path / "d") as d:
+            (d / "f").write_text("x")
+        os.umask(0o077)
+        write_json_atomic(tmp_path / "private.json", {})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "b.bin").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "d").stat().st_mode & 0o777 == 0o755
+    assert (tmp_path / "private.json").stat().st_mode & 0o777 == 0o600
