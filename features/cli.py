@@ -26,7 +26,7 @@ from features.executors import cached_mapper, check_scheduler, open_executor
 from features.extract import ExtractSummary, Mapper, extract, finish_fne, write_ternary
 from features.store import FeatureStore
 from prep.dataset import DATASET_FILE, PreparedDataset
-from prep.errors import UserError, add_common_options, run_cli
+from prep.errors import DEVICE_HELP, UserError, add_common_options, run_cli
 from prep.io import exclusive_lock, sha256_file
 from prep.pipelines import FeaturesSection, add_pipeline_arguments, stage_settings
 
@@ -336,8 +336,7 @@ def _extraction_options(p: argparse.ArgumentParser, kind: str) -> None:
                    if regions else "images per forward pass (each is --crops crops); default 32")
     p.add_argument("--block-size", type=int, metavar="N", default=None,
                    help="rows per block: the unit of work, of resumption and of Zarr chunks; default 256")
-    p.add_argument("--device", metavar="auto|cpu|cuda", default=None,
-                   help="auto (default): cuda when available, else cpu")
+    p.add_argument("--device", default=None, help=DEVICE_HELP)
     p.add_argument("--amp", action="store_true", default=None,
                    help="bf16 autocast on CUDA (faster; numbers differ slightly from fp32)")
     p.add_argument("--scheduler", metavar="none|local|tcp://HOST:PORT", default=None,

@@ -593,11 +593,18 @@ def _check_embeddings(images: torch.Tensor, captions: torch.Tensor,
 
 
 def _resolve_device(device: str | torch.device | None) -> torch.device:
+    """``auto``/``None`` -> CUDA when available, else CPU; a device torch cannot read, or a CUDA one
+    this machine lacks, is a :class:`UserError`."""
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise UserError(f"--device {device}: not a device (auto, cpu, cuda or cuda:N)") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda was asked for but no CUDA device is available")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise UserError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return dev
 
 

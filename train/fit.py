@@ -228,6 +228,7 @@ def run_training(settings: TrainSection, resume: bool = False, overwrite: bool =
         raise UserError("--features is required (give it or use --pipeline)")
     spec = model_spec(settings)
     feature_spec(settings.features, regions=spec.image_encoder != "linear")
+    resolve_device(settings.device)  # a bad --device is an error before the run directory is made
     with exclusive_lock(run_dir, "the run directory"):
         prepare_run_dir(run_dir, resume=resume, overwrite=overwrite)
         with console.log_file(run_dir / TRAIN_LOG):

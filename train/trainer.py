@@ -44,13 +44,18 @@ TENSORBOARD = "tensorboard"
 
 def resolve_device(name: str) -> torch.device:
     """``auto`` -> ``cuda`` when available, else ``cpu``; anything else as torch reads it."""
+    from prep.errors import UserError
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise UserError(f"--device {name}: not a device (auto, cpu, cuda or cuda:N)") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        from prep.errors import UserError
-
         raise UserError(f"--device {name}: CUDA is not available on this machine (use cpu or auto)")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise UserError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device
 
 
