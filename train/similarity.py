@@ -53,8 +53,8 @@ FUSED_MIN_WORK = 1 << 22
 
 #: N x M x d (of one call, or of a whole evaluation: see ``compile``) from which the compiled kernel
 #: pays for its compilation. Measured on 2 cores (bench_evaluate.py, docs/evaluation.md): a cold
-#: compilation 19 s (12 to 50 s under load), and compiling saves about 0.4 ns per element operation
-#: (1,000 x 5,000 at d = 8192: 43 s blocked, 26 s compiled), so it pays from about 50 G operations,
+#: compilation 19 to 27 s (more under load), and compiling saves about 0.4 ns per element operation
+#: (1,000 x 5,000 at d = 8192: 57 s blocked, 41 s compiled at load 9), so it pays from about 50 G operations,
 #: e.g. 5,000 x 25,000 captions at d >= 400. Below it (a 1k fold at d = 1024: 5 G) it does not pay.
 COMPILE_MIN_WORK = 1 << 36
 
