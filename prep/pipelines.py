@@ -179,7 +179,7 @@ class TrainSection(Section):
     eta: float = Field(0.991, ge=0, le=1)
     #: languages aligned to ``lang`` by the dataset's pairs, for the cross-language loss (none: off)
     cross_lang: list[str] = Field(default_factory=list)
-    #: languages of the image-text training captions (default: ``lang`` only)
+    #: languages of the image-text training captions (default: ``lang`` only, as the paper's Eq. 8 and LAVSE)
     langs: list[str] | None = Field(None, min_length=1)
     grad_clip: float | None = Field(2.0, ge=0)
     captions_per_epoch: Literal["all", "one"] = "all"

@@ -95,7 +95,8 @@ def _region_family_options(p: argparse.ArgumentParser) -> None:
                    help="hard-negative schedule: J = lambda J_max + (1 - lambda) J_sum with lambda = "
                         "1 - eta^iteration (default 0.991; 1: sum of hinges only, 0: max of hinges only)")
     p.add_argument("--langs", type=_comma_list(str), default=None, metavar="LANG[,LANG]",
-                   help="languages of the image-text training captions (default: --lang only); the test "
+                   help="languages of the image-text training captions (default: --lang only, as the "
+                        "paper's Eq. 8 and LAVSE: other languages enter through --cross-lang); the test "
                         "evaluation is done per language")
     p.add_argument("--cross-lang", dest="cross_lang", type=_comma_list(str), default=None,
                    metavar="LANG[,LANG]",
@@ -440,8 +441,9 @@ def _continue(trainer: Trainer, settings: TrainSection, log: Callable[[str], Non
 
 def evaluate_test(run_dir: Path, settings: TrainSection, device: torch.device,
                   log: Callable[[str], None] = console.info) -> None:
-    """Evaluate the best checkpoint on the test split, in each language the run trained on (``langs``, the
-    validation language ``lang`` first): ``eval/test.json`` and one printed table per language.
+    """Evaluate the best checkpoint on the test split, in each language the run trained on (``lang`` first,
+    then ``langs`` and ``cross_lang``, as LAVSE validates on every language of a run): ``eval/test.json`` and
+    one printed table per language.
 
     ``eval/test.json`` keeps ``lang``'s results at the top level (``images``, ``captions``, ``protocols``)
     and every language's under ``languages``.
@@ -452,7 +454,7 @@ def evaluate_test(run_dir: Path, settings: TrainSection, device: torch.device,
     from train.report import format_results, results_json
 
     run = load_run(run_dir, "best", str(device))
-    langs = [settings.lang] + [lang for lang in settings.train_langs if lang != settings.lang]
+    langs = list(dict.fromkeys([settings.lang, *settings.train_langs, *settings.cross_lang]))
     per_lang: dict[str, dict[str, Any]] = {}
     for lang in langs:
         emb = embed_split(run, "test", lang=lang)

@@ -82,7 +82,7 @@ def _max_of_hinges(cost_captions: torch.Tensor, cost_images: torch.Tensor) -> to
 
 
 def hard_negative_weight(eta: float, iteration: int) -> float:
-    """``lambda = 1 - eta^iteration`` (LIWE paper, Eq. 3): 0 at the first iteration, growing to 1."""
+    """``lambda = 1 - eta^iteration`` (LIWE paper, Eq. 3), growing from 0 (iteration 0) to 1."""
     return 1.0 - float(eta) ** int(iteration)
 
 

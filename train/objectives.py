@@ -90,18 +90,19 @@ class ScheduledContrastiveObjective:
     """LIWE paper, section 2.4: ``J_M + 1/|L| sum_j J_L(t_l1, t_lj)`` with ``J = lambda J_max + (1 - lambda)
     J_sum`` for both terms and ``lambda = 1 - eta^iteration``.
 
-    * ``J_M``: the image-caption hinges of the batch (cosine similarity, margin ``alpha``). Captions of one
-      image in several languages may share a batch (multilingual training), so rows of the same image are
-      not contrastive examples of each other (``image_index``).
+    * ``J_M``: the image-caption hinges of the batch (cosine similarity, margin ``alpha``; LAVSE: 0.2). With
+      ``--langs`` the captions of one image in several languages may share a batch, so rows of the same
+      image are not contrastive examples of each other (``image_index``).
     * ``J_L``: for each cross-language (``batch.pairs``, one :class:`train.data.PairBatch` per language
       ``l_j``), the same hinges between the embeddings of aligned sentences ``t_l1`` and ``t_lj``, with the
       same ``lambda``; their mean over the languages is added (Eq. 8's ``1/|L|``, ``|L|`` the languages
       paired with ``l1``).
 
-    ``iteration`` counts the steps taken (0 at the first, so training starts from the pure sum of hinges,
-    which Table 6 shows converges where the max alone diverges); it is the objective's checkpointed state,
-    so a resumed run continues the schedule exactly. ``last_terms`` holds the last batch's terms (floats)
-    for inspection and tests.
+    ``iteration`` counts the steps taken; step ``n`` (1-based) uses ``lambda = 1 - eta^n``, as LAVSE's
+    ``ContrastiveLoss`` (which counts the call before computing ``k``), so training starts almost at the
+    sum of hinges (Table 6: the max of hinges alone diverges) and reaches lambda = 0.99 after 510 steps at
+    eta = 0.991. It is the objective's checkpointed state, so a resumed run continues the schedule exactly.
+    ``last_terms`` holds the last batch's terms (floats) for inspection and tests.
     """
 
     eta: float = 0.991
@@ -115,7 +116,7 @@ class ScheduledContrastiveObjective:
     def __call__(self, model: torch.nn.Module, batch: Any, step: int,
                  autocast: AutocastFactory) -> torch.Tensor:
         """``J_M + mean_j J_L`` of the batch at the current ``lambda``; advances ``iteration``."""
-        weight = hard_negative_weight(self.eta, self.iteration)
+        weight = hard_negative_weight(self.eta, self.iteration + 1)
         with autocast():
             im = model.encode_images(batch.image_features, batch.image_counts)
             cap = model.encode_captions(batch.text, batch.lengths)
