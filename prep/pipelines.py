@@ -202,6 +202,9 @@ class TrainSection(Section):
             if data["measure"] != "cosine":
                 raise ValueError(f"family '{data['family']}' uses the cosine similarity (the paper's), "
                                  f"not '{data['measure']}'")
+            if data.get("loss") == "max":  # the eta schedule weighs sum and max; eta 0 is the max alone
+                raise ValueError(f"family '{data['family']}' mixes the sum and max of hinges by the eta "
+                                 "schedule: use eta 0 for the max of hinges alone, not loss 'max'")
         return data
 
     @model_validator(mode="after")

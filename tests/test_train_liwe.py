@@ -97,6 +97,8 @@ def test_other_families_reject_the_liwe_keys(tmp_path) -> None:
         TrainSection(family="clmr", out="r", layers=[8])
     with pytest.raises(ValueError, match="cosine"):
         TrainSection(family="liwe", out="r", measure="order")
+    with pytest.raises(ValueError, match="use eta 0"):
+        TrainSection(family="clmr", out="r", loss="max")
     with pytest.raises(ValueError, match="must include lang"):
         TrainSection(family="liwe", out="r", langs=["de"])
     assert TrainSection(family="liwe", out="r").margin == 0.2  # the family's default (LAVSE)
