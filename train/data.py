@@ -55,14 +55,13 @@ def feature_spec(features: str, regions: bool = False) -> str:
     """Check that ``STORE[:key]`` names features the model can read; returns it unchanged.
 
     The key is ``global`` or ``fne`` (or ``fne_raw``) for models with a linear image side, and
-    ``regions`` for region models (``regions=True``); a bare store path lets the reader pick.
+    ``regions`` for region models (``regions=True``, which need the key); a bare store path lets the
+    reader pick for the others.
     """
     store, sep, key = features.rpartition(":")
-    if regions and key != "regions":
+    if regions and not (sep and store and key == "regions"):
         raise UserError(f"{features}: this family reads region features ('STORE:regions')")
-    if sep and store and (key == "regions") != regions and key in ("regions", "global", "fne", "fne_raw"):
-        if regions:
-            raise UserError(f"{features}: this family reads region features ('STORE:regions')")
+    if not regions and sep and store and key == "regions":
         raise UserError(f"{features}: region features need the clmr/liwe families, not a model with a "
                         "linear image side (use ':global' or ':fne')")
     return features
@@ -322,9 +321,9 @@ def load_caption_set(dataset: PreparedDataset, x: np.ndarray | torch.Tensor, val
         dataset: the prepared dataset.
         x: (N_all, *feature_shape) features in ``imgid`` order (kept in their dtype, not copied);
             ``valid``: (N_all,) usable rows.
-        split: ``train``, ``val`` or ``test``; ``lang``: caption language, or several (the LIWE
-            paper's multilingual models train on the captions of all their languages: an image's
-            captions in every one of them, ``CaptionSet.lang`` then joins them with ``+``).
+        split: ``train``, ``val`` or ``test``; ``lang``: caption language, or several (``--langs``
+            of clmr/liwe: an image's captions in every one of them, grouped by language;
+            ``CaptionSet.lang`` then joins them with ``+``).
         max_chars: captions are truncated to this many characters (the default ``chars`` codec).
         max_images: keep only the first images of the split (validation on a subset).
         codec: how captions become tokens (default: characters of the prepared alphabet).
