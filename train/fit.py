@@ -334,8 +334,8 @@ def _train(settings: TrainSection, spec: ModelSpec, run_dir: Path, resume: bool,
         _continue(trainer, settings, log)
     write_config(run_dir, config)  # on resume: records the new device / epochs / checkpoint_every
     log(f"{settings.family}: {len(train_set):,} train captions ({train_set.lang}) of "
-        f"{train_set.num_images:,} "
-        f"images, {len(val_set):,} val captions of {val_set.num_images:,} images, on {device}")
+        f"{train_set.num_images:,} images, {len(val_set):,} val captions of {val_set.num_images:,} images, "
+        f"on {device}")
     for ps in pair_sets:
         log(f"cross-language loss: {len(ps):,} train pairs {ps.lang}-{ps.other_lang}")
     skipped = train_set.skipped_images + val_set.skipped_images
