@@ -124,12 +124,25 @@ class FeaturesSection(Section):
     fixed_boxes: int | None = 36
 
 
+#: clmr / liwe (LIWE paper): keys only they accept, and the defaults they change (the paper's cosine
+#: similarity; LAVSE's margin 0.2) when a setting is not given
+LIWE_FAMILIES = ("clmr", "liwe")
+LIWE_FAMILY_KEYS: dict[str, tuple[str, ...]] = {
+    "layers": ("liwe",),
+    "eta": LIWE_FAMILIES,
+    "cross_lang": LIWE_FAMILIES,
+    "langs": LIWE_FAMILIES,
+}
+LIWE_DEFAULTS: dict[str, Any] = {"measure": "cosine", "margin": 0.2}
+
+
 class TrainSection(Section):
     """Options of ``train <family>`` (family-specific keys are checked against the family)."""
 
     path_fields: ClassVar[tuple[str, ...]] = ("data", "features", "out")
     #: keys only some families accept
     family_keys: ClassVar[dict[str, tuple[str, ...]]] = {
+        **LIWE_FAMILY_KEYS,
         "version": ("chain",),
         "p": ("chain",),
         "arch": ("oecc",),
@@ -161,6 +174,15 @@ class TrainSection(Section):
     min_word_count: int = Field(1, ge=1)
     #: LIWE: characters per word (longer words are cut); None: from the train split's word lengths
     word_length: int | None = Field(None, ge=1)
+    # --- clmr / liwe ---
+    #: LIWE: sizes of the word embedder's fully connected layers (f1, f2, ...): LIWE(128,256)
+    layers: list[int] = Field(default_factory=lambda: [128, 256], min_length=1)
+    #: the hard-negative weight lambda = 1 - eta^iteration of J = lambda J_max + (1 - lambda) J_sum
+    eta: float = Field(0.991, ge=0, le=1)
+    #: languages aligned to ``lang`` by the dataset's pairs, for the cross-language loss (none: off)
+    cross_lang: list[str] = Field(default_factory=list)
+    #: languages of the image-text training captions (default: ``lang`` only, as the paper's Eq. 8 and LAVSE)
+    langs: list[str] | None = Field(None, min_length=1)
     grad_clip: float | None = Field(2.0, ge=0)
     captions_per_epoch: Literal["all", "one"] = "all"
     #: language of the training and validation captions (``lang`` of the prepared sentences)
@@ -174,12 +196,38 @@ class TrainSection(Section):
     amp: bool = False
     workers: int = Field(0, ge=0)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _liwe_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("family") in LIWE_FAMILIES:
+            data = {**LIWE_DEFAULTS, **data}
+            if data["measure"] != "cosine":
+                raise ValueError(f"family '{data['family']}' uses the cosine similarity (the paper's), "
+                                 f"not '{data['measure']}'")
+            if data.get("loss") == "max":  # the eta schedule weighs sum and max; eta 0 is the max alone
+                raise ValueError(f"family '{data['family']}' mixes the sum and max of hinges by the eta "
+                                 "schedule: use eta 0 for the max of hinges alone, not loss 'max'")
+        return data
+
     @model_validator(mode="after")
     def _family_keys(self) -> TrainSection:
         for key, families in self.family_keys.items():
             if key in self.model_fields_set and self.family not in families:
                 raise ValueError(f"'{key}' applies to family {'/'.join(families)}, not '{self.family}'")
         return self
+
+    @model_validator(mode="after")
+    def _liwe_languages(self) -> TrainSection:
+        if self.langs is not None and self.lang not in self.langs:
+            raise ValueError(f"langs {self.langs} must include lang '{self.lang}' (the validation language)")
+        if self.lang in self.cross_lang:
+            raise ValueError(f"cross_lang pairs '{self.lang}' with other languages; it cannot include it")
+        return self
+
+    @property
+    def train_langs(self) -> list[str]:
+        """Languages of the image-text training captions: ``langs``, else ``[lang]``."""
+        return list(self.langs) if self.langs else [self.lang]
 
 
 class EvaluateSection(Section):

@@ -142,7 +142,7 @@ def fake_run(tmp_path: Path, images: torch.Tensor, texts: list[str], ci: np.ndar
     emb = SimpleNamespace(images=images, captions=bigram_encoder(texts), caption_image=torch.from_numpy(ci),
                           texts=texts)
 
-    def embed_split(run, split):
+    def embed_split(run, split, lang=None):
         if embedded is not None:
             embedded.append(split)
         return emb

@@ -163,7 +163,8 @@ def test_build_model_follows_the_train_settings():
     assert chain.parameter_report()["image_encoder"] == 64 * 12
     oecc = build_model(TrainSection(family="oecc", out="r", arch="B", d=32), 72, 12)
     assert oecc.parameter_report()["text_encoder"] == OECC_TABLE_1["oecc_b"]
-    with pytest.raises(KeyError, match="family"):
+    # region families read (k, D) rows: one vector per image is refused
+    with pytest.raises(ValueError, match="region features"):
         build_model(TrainSection(family="liwe", out="r"), 30, 12)
 
 

@@ -27,6 +27,17 @@ from prep.dataset import PAD_INDEX, PreparedDataset, Vocabulary
 from prep.errors import UserError
 
 
+class PairBatch(NamedTuple):
+    """A batch of aligned sentence pairs (cross-language loss): row ``i`` of ``text`` and of ``other_text``
+    say the same thing in the run's ``lang`` and in ``other_lang``."""
+
+    text: torch.Tensor  # (P, T) or (P, T, C) int64, the ``lang`` side
+    lengths: torch.Tensor  # (P,) int64
+    other_text: torch.Tensor  # (P, T', ...) int64, the ``other_lang`` side
+    other_lengths: torch.Tensor  # (P,) int64
+    other_lang: str
+
+
 class Batch(NamedTuple):
     """One training or embedding batch; ``T`` is the longest caption of the batch."""
 
@@ -34,18 +45,23 @@ class Batch(NamedTuple):
     text: torch.Tensor  # (B, T) or (B, T, C) int64, padded with 0 (see train.models.registry.TEXT_INPUTS)
     lengths: torch.Tensor  # (B,) int64, >= 1 (characters or words)
     image_index: torch.Tensor  # (B,) int64, row of the caption's image in the CaptionSet
+    #: (B,) int64 real regions of each image (region features with a ``counts`` array), else None
+    image_counts: torch.Tensor | None = None
+    #: one batch of aligned pairs per cross-language (``--cross-lang``), else empty
+    pairs: tuple[PairBatch, ...] = ()
 
 
 def feature_spec(features: str, regions: bool = False) -> str:
     """Check that ``STORE[:key]`` names features the model can read; returns it unchanged.
 
     The key is ``global`` or ``fne`` (or ``fne_raw``) for models with a linear image side, and
-    ``regions`` for region models (``regions=True``); a bare store path lets the reader pick.
+    ``regions`` for region models (``regions=True``, which need the key); a bare store path lets the
+    reader pick for the others.
     """
     store, sep, key = features.rpartition(":")
-    if sep and store and (key == "regions") != regions and key in ("regions", "global", "fne", "fne_raw"):
-        if regions:
-            raise UserError(f"{features}: this family reads region features ('STORE:regions')")
+    if regions and not (sep and store and key == "regions"):
+        raise UserError(f"{features}: this family reads region features ('STORE:regions')")
+    if not regions and sep and store and key == "regions":
         raise UserError(f"{features}: region features need the clmr/liwe families, not a model with a "
                         "linear image side (use ':global' or ':fne')")
     return features
@@ -185,11 +201,14 @@ class ImageRows:
     Args:
         features: (N_all, *feature_shape) tensor, any real dtype, in the prepared dataset's imgid order.
         rows: (N,) int64, the feature row (imgid) of each image of the split.
+        counts: (N_all,) int64 real regions per image of region features (rows after them are padding),
+            or None (every region real, or not region features).
     """
 
-    def __init__(self, features: torch.Tensor, rows: np.ndarray) -> None:
+    def __init__(self, features: torch.Tensor, rows: np.ndarray, counts: torch.Tensor | None = None) -> None:
         self.features = features
         self.rows = np.asarray(rows, dtype=np.int64)
+        self.counts = counts
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -214,6 +233,14 @@ class ImageRows:
     def numpy(self) -> np.ndarray:
         """All rows as a float32 array ``(N, *feature_shape)`` (a copy: for small splits and tests)."""
         return self[:].numpy()
+
+    def counts_of(self, index: slice | np.ndarray | torch.Tensor) -> torch.Tensor | None:
+        """Real regions ``(B,)`` int64 of rows ``index`` of the split, or None without counts."""
+        if self.counts is None:
+            return None
+        if isinstance(index, torch.Tensor):
+            index = index.cpu().numpy()
+        return self.counts[torch.from_numpy(np.atleast_1d(self.rows[index]))]
 
 
 @dataclass
@@ -250,7 +277,8 @@ class CaptionSet:
         idx = np.asarray(indices, dtype=np.int64)
         tokens, lengths = self.codec.collate([self.caption_codes(int(k)) for k in idx])
         image_index = torch.from_numpy(self.caption_image[idx])
-        return Batch(self.images[image_index], tokens, lengths, image_index)
+        counts = self.images.counts_of(image_index)
+        return Batch(self.images[image_index], tokens, lengths, image_index, counts)
 
 
 def read_features(features: str, dataset: PreparedDataset | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -266,33 +294,57 @@ def read_features(features: str, dataset: PreparedDataset | None = None) -> tupl
     return np.asarray(x), np.asarray(valid, dtype=bool)
 
 
+def read_region_counts(features: str) -> np.ndarray | None:
+    """Real regions per image ``(N,)`` int64 of a ``STORE:regions`` spec: the store's ``counts`` array,
+    or None when it has none (then every one of the ``k`` regions is real) or the spec is not regions."""
+    from features.store import FeatureStore, parse_spec
+
+    path, key = parse_spec(features)
+    if key != "regions":
+        return None
+    store = FeatureStore(path)
+    if not store.has("counts"):
+        return None
+    counts = np.asarray(store.array("counts")[:]).reshape(-1)
+    valid = np.asarray(store.array("valid")[:], dtype=bool)
+    out = np.ones(len(counts), dtype=np.int64)  # rows of failed images are never read; keep them sane
+    out[valid] = counts[valid].astype(np.int64)
+    return out
+
+
 def load_caption_set(dataset: PreparedDataset, x: np.ndarray | torch.Tensor, valid: np.ndarray, split: str,
-                     lang: str, max_chars: int, max_images: int | None = None,
-                     codec: TextCodec | None = None) -> CaptionSet:
+                     lang: str | Sequence[str], max_chars: int, max_images: int | None = None,
+                     codec: TextCodec | None = None, counts: np.ndarray | None = None) -> CaptionSet:
     """Build the :class:`CaptionSet` of ``split`` in ``lang``.
 
     Args:
         dataset: the prepared dataset.
         x: (N_all, *feature_shape) features in ``imgid`` order (kept in their dtype, not copied);
             ``valid``: (N_all,) usable rows.
-        split: ``train``, ``val`` or ``test``; ``lang``: caption language.
+        split: ``train``, ``val`` or ``test``; ``lang``: caption language, or several (``--langs``
+            of clmr/liwe: an image's captions in every one of them, grouped by language;
+            ``CaptionSet.lang`` then joins them with ``+``).
         max_chars: captions are truncated to this many characters (the default ``chars`` codec).
         max_images: keep only the first images of the split (validation on a subset).
         codec: how captions become tokens (default: characters of the prepared alphabet).
+        counts: (N_all,) real regions per image of region features (:func:`read_region_counts`).
 
     Images without a caption in ``lang`` are left out (they cannot be retrieved by text);
     images with invalid features are left out and counted in ``skipped_images``.
     """
-    codec = codec or text_codec(dataset, "chars", max_chars, lang)
+    langs = [lang] if isinstance(lang, str) else list(lang)
+    codec = codec or text_codec(dataset, "chars", max_chars, langs[0])
     if x.shape[0] != len(dataset.images):
         raise UserError(f"feature store has {x.shape[0]} rows but {dataset.root} has {len(dataset.images)} "
                         "images: the store was extracted from another dataset")
-    if lang not in dataset.languages:
-        raise UserError(f"{dataset.root}: no captions in language '{lang}' "
-                        f"(this dataset has {', '.join(dataset.languages)})")
+    for one in langs:
+        if one not in dataset.languages:
+            raise UserError(f"{dataset.root}: no captions in language '{one}' "
+                            f"(this dataset has {', '.join(dataset.languages)})")
     per_image: dict[int, list[tuple[str, tuple[str, ...]]]] = {}
-    for s in dataset.sentences_of(split, lang):
-        per_image.setdefault(s.imgid, []).append((s.raw, s.tokens))
+    for one in langs:  # an image's captions grouped by language, in the order of ``langs``
+        for s in dataset.sentences_of(split, one):
+            per_image.setdefault(s.imgid, []).append((s.raw, s.tokens))
     rows = sorted(per_image)
     if max_images is not None:
         rows = rows[:max_images]
@@ -307,7 +359,7 @@ def load_caption_set(dataset: PreparedDataset, x: np.ndarray | torch.Tensor, val
             encoded.append(codec.encode(raw, tokens))
         caption_image.extend([row] * len(per_image[imgid]))
     if not texts:
-        raise UserError(f"{dataset.root}: split '{split}' has no usable {lang} captions "
+        raise UserError(f"{dataset.root}: split '{split}' has no usable {'+'.join(langs)} captions "
                         f"({skipped} images skipped for invalid features)")
     dtype = np.int16 if codec.vocab_size < 2**15 else np.int32
     offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
@@ -315,7 +367,9 @@ def load_caption_set(dataset: PreparedDataset, x: np.ndarray | torch.Tensor, val
     codes = np.concatenate([e.reshape(-1) for e in encoded]).astype(dtype)
     imgids = np.asarray(kept, dtype=np.int64)
     features = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(x))
-    return CaptionSet(split=split, lang=lang, images=ImageRows(features, imgids), imgids=imgids, codes=codes,
+    region_counts = None if counts is None else torch.as_tensor(np.asarray(counts, dtype=np.int64))
+    return CaptionSet(split=split, lang="+".join(langs), images=ImageRows(features, imgids, region_counts),
+                      imgids=imgids, codes=codes,
                       offsets=offsets, caption_image=np.asarray(caption_image, dtype=np.int64), texts=texts,
                       skipped_images=skipped, codec=codec)
 
@@ -343,25 +397,86 @@ def epoch_batches(captions: CaptionSet, batch_size: int, mode: str, generator: t
     return [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-class BatchList(torch.utils.data.Dataset):
-    """A fixed list of batches as a map-style dataset, so a DataLoader's workers can collate them."""
+@dataclass
+class PairSet:
+    """Aligned sentence pairs of one split between ``lang`` and ``other_lang`` (the dataset's ``pairs``:
+    Multi30k task1 translations, YJ en/ja, the synthetic templates), encoded by the run's codec."""
 
-    def __init__(self, captions: CaptionSet, batches: Sequence[np.ndarray]) -> None:
+    lang: str
+    other_lang: str
+    codes: list[np.ndarray]  # P codes of the ``lang`` sides
+    other_codes: list[np.ndarray]  # P codes of the ``other_lang`` sides
+    codec: TextCodec
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def batch(self, indices: Sequence[int] | np.ndarray) -> PairBatch:
+        """The pairs ``indices``, both sides collated."""
+        idx = [int(k) for k in indices]
+        text, lengths = self.codec.collate([self.codes[k] for k in idx])
+        other, other_lengths = self.codec.collate([self.other_codes[k] for k in idx])
+        return PairBatch(text, lengths, other, other_lengths, self.other_lang)
+
+
+def load_pair_set(dataset: PreparedDataset, split: str, lang: str, other_lang: str, codec: TextCodec
+                  ) -> PairSet:
+    """The :class:`PairSet` of ``split`` between ``lang`` and ``other_lang`` (a :class:`UserError` when the
+    dataset has no such pairs)."""
+    a, b = [], []
+    for pair in dataset.pairs_of(split):
+        if lang in pair.sides and other_lang in pair.sides:
+            one, other = pair.sides[lang], pair.sides[other_lang]
+            a.append(codec.encode(one.raw, one.tokens))
+            b.append(codec.encode(other.raw, other.tokens))
+    if not a:
+        raise UserError(f"{dataset.root}: no {lang}-{other_lang} pairs in split '{split}' for the "
+                        "cross-language loss (the dataset's 'pairs')")
+    return PairSet(lang, other_lang, a, b, codec)
+
+
+def epoch_pair_batches(pairs: PairSet, n_batches: int, batch_size: int, generator: torch.Generator
+                       ) -> list[np.ndarray]:
+    """``n_batches`` batches of ``batch_size`` pair indices (fewer when the set is smaller), one per caption
+    batch of the epoch, drawn from ``generator``: random orders of the pairs, one after the other."""
+    size = min(batch_size, len(pairs))
+    need = n_batches * size
+    orders: list[np.ndarray] = []
+    while sum(len(o) for o in orders) < need:
+        orders.append(torch.randperm(len(pairs), generator=generator).numpy())
+    flat = np.concatenate(orders) if orders else np.zeros(0, dtype=np.int64)
+    return [flat[i * size:(i + 1) * size] for i in range(n_batches)]
+
+
+class BatchList(torch.utils.data.Dataset):
+    """A fixed list of batches as a map-style dataset, so a DataLoader's workers can collate them.
+
+    ``pairs``: for the cross-language loss, each :class:`PairSet` with its list of pair batches (one per
+    caption batch), attached to the batches as :attr:`Batch.pairs`.
+    """
+
+    def __init__(self, captions: CaptionSet, batches: Sequence[np.ndarray],
+                 pairs: Sequence[tuple[PairSet, Sequence[np.ndarray]]] = ()) -> None:
         self.captions = captions
         self.batches = list(batches)
+        self.pairs = [(pair_set, list(pb)) for pair_set, pb in pairs]
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __getitem__(self, i: int) -> Batch:
-        return self.captions.batch(self.batches[i])
+        batch = self.captions.batch(self.batches[i])
+        if not self.pairs:
+            return batch
+        return batch._replace(pairs=tuple(pair_set.batch(pb[i]) for pair_set, pb in self.pairs))
 
 
 def batch_loader(captions: CaptionSet, batches: Sequence[np.ndarray], workers: int = 0,
-                 pin_memory: bool = False) -> torch.utils.data.DataLoader:
-    """Iterate ``batches`` in order (collated, in ``workers`` processes when > 0)."""
+                 pin_memory: bool = False, pairs: Sequence[tuple[PairSet, Sequence[np.ndarray]]] = ()
+                 ) -> torch.utils.data.DataLoader:
+    """Iterate ``batches`` in order (collated, in ``workers`` processes when > 0), with their pair batches."""
     # its own generator: a DataLoader draws a worker base seed on every iteration, and drawing it
     # from the global generator would make a resumed epoch's random stream differ
-    return torch.utils.data.DataLoader(BatchList(captions, batches), batch_size=None, shuffle=False,
+    return torch.utils.data.DataLoader(BatchList(captions, batches, pairs), batch_size=None, shuffle=False,
                                        num_workers=workers, pin_memory=pin_memory,
                                        generator=torch.Generator().manual_seed(0))

@@ -231,9 +231,9 @@ def evaluate_and_report(images: torch.Tensor, captions: torch.Tensor, caption_im
                              json_path, ranks_path, title, log)
 
 
-def _split_images(run: object, split: str) -> int:
-    """Images of ``split`` with a caption in the run's language, from the prepared dataset (no embedding)."""
-    sentences = run.dataset.sentences_of(split, run.settings.lang)  # type: ignore[attr-defined]
+def _split_images(run: object, split: str, lang: str | None = None) -> int:
+    """Images of ``split`` with a caption in ``lang`` (default the run's), from the prepared dataset."""
+    sentences = run.dataset.sentences_of(split, lang or run.settings.lang)  # type: ignore[attr-defined]
     return len({s.imgid for s in sentences})
 
 
@@ -242,8 +242,8 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
                  device: str = "auto", json_path: Path | None = None, out_dir: Path | None = None,
                  chance: bool = False, noise_seed: int = 0, length_count: int = 100,
                  fold_size: int = 1000, log: Log = print, ranks_path: Path | None = None,
-                 topk: int = 0, gallery_path: Path | None = None, gallery_queries: int = 10
-                 ) -> dict[str, ProtocolResult]:
+                 topk: int = 0, gallery_path: Path | None = None, gallery_queries: int = 10,
+                 lang: str | None = None) -> dict[str, ProtocolResult]:
     """Evaluate a run directory's model on ``split``; optionally the noise and length analyses.
 
     Writes ``<out>/<split>_<checkpoint>.json`` (the protocol JSON), and with the analyses
@@ -251,7 +251,8 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
     ``RUN_DIR/eval``. ``ranks_path`` (and ``topk``): the per-query CSV. ``gallery_path``: an HTML
     page of ``gallery_queries`` sampled queries per direction with their top ``topk`` (default 5)
     results (:mod:`train.gallery`). The protocols and the length analysis are checked against the
-    split's size before anything is embedded.
+    split's size before anything is embedded. ``lang``: evaluate the captions of that language (a
+    multilingual run); the JSON is then ``<split>_<checkpoint>_<lang>.json``.
     """
     from train.analysis import alphabet_from_chars_json, noise_robustness, parse_ratio_range, plot_noise
     from train.analysis import length_analysis as run_length_analysis
@@ -261,7 +262,12 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
     ratios = parse_ratio_range(noise) if noise else None
     run = load_run(run_dir, checkpoint, device)
     # too few images for a protocol: say so now, not after embedding the split
-    n_split = _split_images(run, split)
+    if lang is not None and lang not in run.dataset.languages:
+        raise UserError(f"--lang {lang}: {run.settings.data} has no captions in it (it has "
+                        f"{', '.join(run.dataset.languages)})")
+    if lang is not None and (noise or length_analysis):
+        raise UserError("--lang evaluates the retrieval protocols only: drop --noise / --length-analysis")
+    n_split = _split_images(run, split, lang)
     for protocol in protocols:
         protocol_folds(protocol, n_split, fold_size, have=f"the {split} split has")
     if length_analysis and n_split < 2 * length_count:
@@ -273,11 +279,13 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
     out = Path(out_dir) if out_dir is not None else Path(run_dir) / "eval"
     log(f"embedding the {split} split with {Path(run_dir).name} ({checkpoint} checkpoint, epoch {run.epoch}) "
         f"on {run.device}")
-    emb = embed_split(run, split)
-    title = f"{Path(run_dir).name}: {split} ({checkpoint} checkpoint, epoch {run.epoch}, {measure})"
+    emb = embed_split(run, split, lang=lang)
+    which = f", {lang} captions" if lang else ""
+    title = f"{Path(run_dir).name}: {split}{which} ({checkpoint} checkpoint, epoch {run.epoch}, {measure})"
+    default_json = out / (f"{split}_{checkpoint}_{lang}.json" if lang else f"{split}_{checkpoint}.json")
     results = evaluate_and_report(emb.images, emb.captions, emb.caption_image, measure, protocols, order_sqrt,
-                                  fold_size, str(run.device), chance,
-                                  json_path or out / f"{split}_{checkpoint}.json", title, log=log,
+                                  fold_size, str(run.device), chance, json_path or default_json, title,
+                                  log=log,
                                   ranks_path=ranks_path, topk=topk)
     if gallery_path is not None:
         from train.gallery import write_gallery
@@ -385,6 +393,8 @@ def _command(args: argparse.Namespace) -> int:
                         f"{' and '.join(sources)}")
     if args.sims_transposed and args.sims is None:
         raise UserError("--sims-transposed goes with --sims")
+    if args.lang is not None and run_dir is None:
+        raise UserError("--lang goes with --run (or --pipeline): it picks the run's captions of a language")
     if run_dir is not None:
         if args.measure is not None:
             raise UserError("--measure comes from the run's configuration; drop it with --run")
@@ -397,7 +407,7 @@ def _command(args: argparse.Namespace) -> int:
                      Path(args.out) if args.out else None, args.chance, args.noise_seed, args.length_count,
                      args.fold_size, ranks_path=ranks_path,
                      topk=_check_topk(args.topk, ranks_path, gallery is not None), gallery_path=gallery,
-                     gallery_queries=args.gallery_queries)
+                     gallery_queries=args.gallery_queries, lang=args.lang)
     elif args.sims is not None:
         _evaluate_sims(args, protocols)
     elif args.img_emb is not None or args.cap_emb is not None:
@@ -439,6 +449,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--split", default=None, choices=("train", "val", "test"),
                      help="split of --run (default test, or the pipeline's)")
     src.add_argument("--checkpoint", default="best", choices=("best", "last"), help="checkpoint of --run")
+    src.add_argument("--lang", default=None, help="with --run: evaluate the captions of this language (a "
+                     "multilingual clmr/liwe run trained on several) (default: the run's --lang)")
     ev = p.add_argument_group("protocol and output")
     ev.add_argument("--protocol", action="append", metavar="P",
                     help=f"one of {', '.join(PROTOCOLS)}; repeatable or a comma list (default: all)")

@@ -24,7 +24,16 @@ from prep.errors import DEVICE_HELP, UserError
 from prep.io import exclusive_lock
 from prep.pipelines import TrainSection, add_pipeline_arguments, stage_settings
 from train.checkpoint import load_checkpoint, remove_stale_temporaries
-from train.data import CaptionSet, codec_for, feature_spec, load_caption_set, read_features
+from train.data import (
+    CaptionSet,
+    PairSet,
+    codec_for,
+    feature_spec,
+    load_caption_set,
+    load_pair_set,
+    read_features,
+    read_region_counts,
+)
 from train.evaluate import protocol_folds
 from train.models.registry import ModelSpec, model_spec
 from train.runs import (
@@ -66,10 +75,62 @@ def _oecc_options(p: argparse.ArgumentParser) -> None:
                    help="OECC text encoder architecture A-D (paper, Table 1) (default D)")
 
 
+# --- clmr / liwe (LIWE paper) ----------------------------------------------------------------------
+#: region rows of a --dry-run without --features: the paper's 36 BUTD regions of 2,048 dimensions
+DRY_RUN_REGIONS = (36, 2048)
+
+
+def _comma_list(kind: type) -> Callable[[str], list]:
+    def parse(text: str) -> list:
+        try:
+            return [kind(v.strip()) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}") from None
+
+    return parse
+
+
+def _region_family_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--eta", type=float, default=None,
+                   help="hard-negative schedule: J = lambda J_max + (1 - lambda) J_sum with lambda = "
+                        "1 - eta^iteration (default 0.991; 1: sum of hinges only, 0: max of hinges only)")
+    p.add_argument("--langs", type=_comma_list(str), default=None, metavar="LANG[,LANG]",
+                   help="languages of the image-text training captions (default: --lang only, as the "
+                        "paper's Eq. 8 and LAVSE: other languages enter through --cross-lang); the test "
+                        "evaluation is done per language")
+    p.add_argument("--cross-lang", dest="cross_lang", type=_comma_list(str), default=None,
+                   metavar="LANG[,LANG]",
+                   help="add the cross-language loss over the dataset's pairs aligning --lang with each of "
+                        "these languages (default: none)")
+
+
+def _clmr_options(p: argparse.ArgumentParser) -> None:
+    _region_family_options(p)
+
+
+def _liwe_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--layers", type=_comma_list(int), default=None, metavar="F1,F2",
+                   help="fully connected layers of the character-built word embedder: LIWE(f1,f2) (default "
+                        "128,256)")
+    p.add_argument("--word-length", dest="word_length", type=int, default=None, metavar="C_W",
+                   help="characters per word (longer words are cut) (default: the length covering 99.9%% of "
+                        "the train split's distinct words; 26 for a --dry-run without --data)")
+    _region_family_options(p)
+
+
+REGION_FAMILIES = {
+    "clmr": ("CLMR: word embeddings + BiGRU, non-local region image encoder, cosine, eta schedule, "
+             "cross-language loss", _clmr_options),
+    "liwe": ("LIWE: character-built word embeddings + BiGRU, non-local region image encoder, cosine, eta "
+             "schedule, cross-language loss", _liwe_options),
+}
+# -------------------------------------------------------------------------------------------------------
+
 #: the families that train today, with the options only they take
 FAMILY_OPTIONS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "chain": ("CHAIN-VSE: character inception text encoder, order embeddings", _chain_options),
     "oecc": ("OECC: order embeddings with character convolutions through time", _oecc_options),
+    **REGION_FAMILIES,
 }
 
 
@@ -190,7 +251,7 @@ def _feature_shape(features: str) -> tuple[int, ...]:
     store = FeatureStore(path)
     if key is None:
         key = "global" if store.has("global") else "fne"
-    name = {"global": "global", "fne": "fne/ternary", "fne_raw": "fne/raw"}[key]
+    name = {"global": "global", "fne": "fne/ternary", "fne_raw": "fne/raw", "regions": "regions"}[key]
     if not store.has(name):
         raise UserError(f"{path}: no '{key}' features in this store")
     return tuple(int(v) for v in store.array(name).shape[1:])
@@ -217,7 +278,7 @@ def run_training(settings: TrainSection, resume: bool = False, overwrite: bool =
     if settings.family not in FAMILY_OPTIONS:
         raise UserError(f"family '{settings.family}' cannot be trained yet (available: "
                         f"{', '.join(FAMILY_OPTIONS)})")
-    settings = absolute_settings(settings)
+    settings = _resolve_word_length(absolute_settings(settings))
     run_dir = Path(settings.out)
     if dry_run:
         _dry_run(settings, alphabet_size, image_dim, vocab_size)
@@ -236,6 +297,21 @@ def run_training(settings: TrainSection, resume: bool = False, overwrite: bool =
     return run_dir
 
 
+def _resolve_word_length(settings: TrainSection) -> TrainSection:
+    """A family that spells words in characters without ``word_length``: C_w from the train split's word
+    lengths (:func:`train.models.liwe.word_length_from_statistics`), recorded in the run's settings."""
+    if settings.word_length is not None or not settings.data:
+        return settings
+    if model_spec(settings).text_input != "word_chars":
+        return settings
+    from train.models.liwe import word_length_from_statistics
+
+    counts = PreparedDataset.load(settings.data).words.counts
+    resolved = settings.model_copy(update={"word_length": word_length_from_statistics(counts)})
+    resolved.model_fields_set.add("word_length")
+    return resolved
+
+
 def _train(settings: TrainSection, spec: ModelSpec, run_dir: Path, resume: bool,
            log: Callable[[str], None]) -> None:
     """:func:`run_training` once the run directory is locked and prepared (messages also in train.log)."""
@@ -245,17 +321,24 @@ def _train(settings: TrainSection, spec: ModelSpec, run_dir: Path, resume: bool,
     remove_stale_temporaries(run_dir / "checkpoints")
     device = resolve_device(settings.device)
     train_set, val_set, config = _load_data(settings, spec)
+    pair_sets = _load_pairs(settings, train_set)
+    if pair_sets:
+        config["data"]["train_pairs"] = {f"{ps.lang}-{ps.other_lang}": len(ps) for ps in pair_sets}
     _seed_everything(settings.seed)
     model = build_model(settings, config["vocab_size"], config["feature_shape"], spec)
     config["parameters"] = model.parameter_report()
     objective = build_objective(settings)
-    trainer = Trainer(settings, model, objective, train_set, val_set, run_dir, device, log=log)
+    trainer = Trainer(settings, model, objective, train_set, val_set, run_dir, device, log=log,
+                      pair_sets=pair_sets)
     if resume:
         check_same_config(run_dir, config)
         _continue(trainer, settings, log)
     write_config(run_dir, config)  # on resume: records the new device / epochs / checkpoint_every
-    log(f"{settings.family}: {len(train_set):,} train captions of {train_set.num_images:,} images, "
-        f"{len(val_set):,} val captions of {val_set.num_images:,} images, on {device}")
+    log(f"{settings.family}: {len(train_set):,} train captions ({train_set.lang}) of "
+        f"{train_set.num_images:,} images, {len(val_set):,} val captions of {val_set.num_images:,} images, "
+        f"on {device}")
+    for ps in pair_sets:
+        log(f"cross-language loss: {len(ps):,} train pairs {ps.lang}-{ps.other_lang}")
     skipped = train_set.skipped_images + val_set.skipped_images
     if skipped:
         log(f"skipped {skipped} images with invalid features (train {train_set.skipped_images}, "
@@ -274,19 +357,32 @@ def _dry_run(settings: TrainSection, alphabet_size: int | None, image_dim: int |
     from train.models.vse import build_model
 
     spec = model_spec(settings)
-    if settings.data:
-        vocab = codec_for(settings, PreparedDataset.load(settings.data), spec.text_input).vocab_size
+    dataset = PreparedDataset.load(settings.data) if settings.data else None
+    if dataset is not None:
+        vocab = codec_for(settings, dataset, spec.text_input).vocab_size
     elif spec.text_input == "words":
         vocab = vocab_size or DRY_RUN_VOCABULARY
     else:
         vocab = alphabet_size or DRY_RUN_ALPHABET
-    shape = _feature_shape(settings.features) if settings.features else (image_dim or DRY_RUN_IMAGE_DIM,)
+    if settings.features:
+        shape = _feature_shape(settings.features)
+    elif spec.image_encoder == "nonlocal_regions":
+        shape = (DRY_RUN_REGIONS[0], image_dim or DRY_RUN_REGIONS[1])
+    else:
+        shape = (image_dim or DRY_RUN_IMAGE_DIM,)
     model = build_model(settings, vocab, shape, spec)
     what = "word vocabulary" if spec.text_input == "words" else "alphabet"
     dims = " x ".join(map(str, shape))
     console.result(f"{settings.family}: {what} {vocab}, image features {dims}, d {settings.d}")
     for part, count in model.parameter_report().items():
-        console.result(f"  {part.replace('_', ' '):<16} {count:>12,}")
+        label = part.replace("text_encoder.", "  ").replace("_", " ")
+        console.result(f"  {label:<16} {count:>12,}")
+    if spec.text_input == "word_chars":  # the paper's ~50x: a CLMR word table for the same data
+        from train.models.liwe import format_word_embedding_report, word_embedding_report
+
+        words = len(dataset.words) if dataset is not None else (vocab_size or DRY_RUN_VOCABULARY)
+        console.result(format_word_embedding_report(word_embedding_report(
+            vocab, spec.text_kwargs["word_length"], spec.text_kwargs["layers"], words)))
 
 
 def _load_data(settings: TrainSection, spec: ModelSpec) -> tuple[CaptionSet, CaptionSet, dict[str, Any]]:
@@ -294,9 +390,11 @@ def _load_data(settings: TrainSection, spec: ModelSpec) -> tuple[CaptionSet, Cap
     dataset = PreparedDataset.load(settings.data)
     codec = codec_for(settings, dataset, spec.text_input)
     x, valid = read_features(settings.features, dataset)
-    train_set = load_caption_set(dataset, x, valid, "train", settings.lang, settings.max_chars, codec=codec)
+    counts = read_region_counts(settings.features)
+    train_set = load_caption_set(dataset, x, valid, "train", settings.train_langs, settings.max_chars,
+                                 codec=codec, counts=counts)
     val_set = load_caption_set(dataset, x, valid, "val", settings.lang, settings.max_chars,
-                               max_images=settings.val_images, codec=codec)
+                               max_images=settings.val_images, codec=codec, counts=counts)
     try:  # too few val images for the protocol: say so now, not after the first epoch
         protocol_folds(settings.val_protocol, val_set.num_images)
     except UserError:
@@ -317,6 +415,15 @@ def _load_data(settings: TrainSection, spec: ModelSpec) -> tuple[CaptionSet, Cap
     return train_set, val_set, config
 
 
+def _load_pairs(settings: TrainSection, train_set: CaptionSet) -> list[PairSet]:
+    """The train split's aligned pairs of ``lang`` with each ``cross_lang`` (the cross-language loss)."""
+    if not settings.cross_lang:
+        return []
+    dataset = PreparedDataset.load(settings.data)
+    return [load_pair_set(dataset, "train", settings.lang, other, train_set.codec)
+            for other in settings.cross_lang]
+
+
 def _continue(trainer: Trainer, settings: TrainSection, log: Callable[[str], None]) -> None:
     """Load the newest checkpoint into ``trainer`` (a run extended by a larger --epochs goes on)."""
     path = trainer.checkpoint_dir / LAST
@@ -335,21 +442,33 @@ def _continue(trainer: Trainer, settings: TrainSection, log: Callable[[str], Non
 
 def evaluate_test(run_dir: Path, settings: TrainSection, device: torch.device,
                   log: Callable[[str], None] = console.info) -> None:
-    """Evaluate the best checkpoint on the test split: ``eval/test.json`` and the printed table."""
+    """Evaluate the best checkpoint on the test split, in each language the run trained on (``lang`` first,
+    then ``langs`` and ``cross_lang``, as LAVSE validates on every language of a run): ``eval/test.json`` and
+    one printed table per language.
+
+    ``eval/test.json`` keeps ``lang``'s results at the top level (``images``, ``captions``, ``protocols``)
+    and every language's under ``languages``.
+    """
     if not (run_dir / "checkpoints" / BEST).is_file():
         log("no best checkpoint (no epoch finished); test evaluation skipped")
         return
     from train.report import format_results, results_json
 
     run = load_run(run_dir, "best", str(device))
-    emb = embed_split(run, "test")
-    results = retrieval_metrics(emb.images, emb.captions, emb.caption_image, settings, device=run.device)
+    langs = list(dict.fromkeys([settings.lang, *settings.train_langs, *settings.cross_lang]))
+    per_lang: dict[str, dict[str, Any]] = {}
+    for lang in langs:
+        emb = embed_split(run, "test", lang=lang)
+        results = retrieval_metrics(emb.images, emb.captions, emb.caption_image, settings, device=run.device)
+        per_lang[lang] = {"images": int(emb.images.shape[0]), "captions": int(emb.captions.shape[0]),
+                          "protocols": results_json(results)}
+        which = f", {lang} captions" if len(langs) > 1 else ""
+        title = f"{run_dir.name}: test split{which}, best checkpoint (epoch {run.epoch})"
+        console.result(format_results(results, title=title))
     write_evaluation(run_dir / "eval" / "test.json", {
         "split": "test", "checkpoint": "best", "epoch": run.epoch, "measure": settings.measure,
-        "order_sqrt": settings.order_sqrt, "lang": settings.lang, "images": int(emb.images.shape[0]),
-        "captions": int(emb.captions.shape[0]), "protocols": results_json(results)})
-    title = f"{run_dir.name}: test split, best checkpoint (epoch {run.epoch})"
-    console.result(format_results(results, title=title))
+        "order_sqrt": settings.order_sqrt, "lang": settings.lang, **per_lang[settings.lang],
+        "languages": per_lang})
 
 
 def _code_version() -> str:

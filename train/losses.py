@@ -45,6 +45,22 @@ def contrastive_loss(images: torch.Tensor, captions: torch.Tensor, measure: str 
     """
     if reduction not in ("sum", "max"):
         raise ValueError(f"unknown reduction {reduction!r} (expected 'sum' or 'max')")
+    cost_captions, cost_images = hinge_costs(images, captions, measure, margin, order_sqrt, image_index)
+    if reduction == "max":
+        return _max_of_hinges(cost_captions, cost_images)
+    return cost_captions.sum() + cost_images.sum()
+
+
+def hinge_costs(images: torch.Tensor, captions: torch.Tensor, measure: str = "order", margin: float = 0.05,
+                order_sqrt: bool = False, image_index: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hinges of a batch of matching pairs, ``(cost_captions, cost_images)``, both (B, B) >= 0.
+
+    ``cost_captions[i, j]``: image ``i`` as anchor, caption ``j`` its contrastive example;
+    ``cost_images[i, j]``: caption ``j`` as anchor, image ``i`` its contrastive example. Entries that are
+    not contrastive (the diagonal, or rows sharing an ``image_index``) are 0. Arguments as
+    :func:`contrastive_loss`.
+    """
     if images.shape != captions.shape:
         raise ValueError(f"images {tuple(images.shape)} and captions {tuple(captions.shape)} must pair up")
     scores = similarity(images, captions, measure, order_sqrt=order_sqrt)  # (B, B): [image, caption]
@@ -57,9 +73,35 @@ def contrastive_loss(images: torch.Tensor, captions: torch.Tensor, measure: str 
         not_contrastive = torch.eye(b, dtype=torch.bool, device=scores.device)
     else:
         not_contrastive = image_index.unsqueeze(0) == image_index.unsqueeze(1)
-    cost_captions = cost_captions.masked_fill(not_contrastive, 0)
-    cost_images = cost_images.masked_fill(not_contrastive, 0)
-    if reduction == "max":
-        # hinges are >= 0, so an anchor without any contrastive example contributes 0
-        return cost_captions.amax(dim=1).sum() + cost_images.amax(dim=0).sum()
-    return cost_captions.sum() + cost_images.sum()
+    return cost_captions.masked_fill(not_contrastive, 0), cost_images.masked_fill(not_contrastive, 0)
+
+
+def _max_of_hinges(cost_captions: torch.Tensor, cost_images: torch.Tensor) -> torch.Tensor:
+    # hinges are >= 0, so an anchor without any contrastive example contributes 0
+    return cost_captions.amax(dim=1).sum() + cost_images.amax(dim=0).sum()
+
+
+def hard_negative_weight(eta: float, iteration: int) -> float:
+    """``lambda = 1 - eta^iteration`` (LIWE paper, Eq. 3), growing from 0 (iteration 0) to 1."""
+    return 1.0 - float(eta) ** int(iteration)
+
+
+def scheduled_contrastive_loss(a: torch.Tensor, b: torch.Tensor, max_weight: float, measure: str = "cosine",
+                               margin: float = 0.2, image_index: torch.Tensor | None = None) -> torch.Tensor:
+    """LIWE paper Eq. 2: ``J = lambda * J_max + (1 - lambda) * J_sum`` over one batch of matching rows.
+
+    Args:
+        a: (B, d) anchors of one side (images, or the sentences of one language); row i matches ``b[i]``.
+        b: (B, d) the other side (captions, or the aligned sentences of another language).
+        max_weight: ``lambda`` (:func:`hard_negative_weight`).
+        measure, margin, image_index: as :func:`contrastive_loss`.
+
+    Returns:
+        A scalar tensor: ``J_max`` (Eq. 5, hardest contrastive example of each anchor, both directions) and
+        ``J_sum`` (Eq. 4, every contrastive example) of the same hinges, both summed over the batch.
+    """
+    cost_a, cost_b = hinge_costs(a, b, measure, margin, False, image_index)
+    hardest = _max_of_hinges(cost_a, cost_b)
+    if max_weight >= 1.0:
+        return hardest
+    return max_weight * hardest + (1.0 - max_weight) * (cost_a.sum() + cost_b.sum())

@@ -9,8 +9,11 @@ context factory, and steps the optimiser. Objectives with a schedule or phases k
   :func:`train.losses.contrastive_loss` (sum or max of hinges) plus the text encoder's penalty when it
   has one (SEAM's attention penalty).
 
-Families register their own with :func:`register_objective` (e.g. LIWE's growing hard-negative weight
-and cross-language loss).
+* :class:`ScheduledContrastiveObjective` (``clmr``, ``liwe``): the LIWE paper's loss, the hard-negative
+  weight ``lambda = 1 - eta^iteration`` growing from the sum of hinges to the max of hinges (Eq. 2-5),
+  plus the cross-language loss of the batch's aligned sentence pairs (Eq. 6-8).
+
+Families register their own with :func:`register_objective`.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any, Protocol
 
 import torch
 
-from train.losses import contrastive_loss
+from train.losses import contrastive_loss, hard_negative_weight, scheduled_contrastive_loss
 
 #: a zero-argument factory of the autocast context (``nullcontext`` on CPU)
 AutocastFactory = Callable[[], AbstractContextManager[Any]]
@@ -80,6 +83,69 @@ class ContrastiveObjective:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Nothing to restore."""
+
+
+@dataclass
+class ScheduledContrastiveObjective:
+    """LIWE paper, section 2.4: ``J_M + 1/|L| sum_j J_L(t_l1, t_lj)`` with ``J = lambda J_max + (1 - lambda)
+    J_sum`` for both terms and ``lambda = 1 - eta^iteration``.
+
+    * ``J_M``: the image-caption hinges of the batch (cosine similarity, margin ``alpha``; LAVSE: 0.2). With
+      ``--langs`` the captions of one image in several languages may share a batch, so rows of the same
+      image are not contrastive examples of each other (``image_index``).
+    * ``J_L``: for each cross-language (``batch.pairs``, one :class:`train.data.PairBatch` per language
+      ``l_j``), the same hinges between the embeddings of aligned sentences ``t_l1`` and ``t_lj``, with the
+      same ``lambda``; their mean over the languages is added (Eq. 8's ``1/|L|``, ``|L|`` the languages
+      paired with ``l1``).
+
+    ``iteration`` counts the steps taken; step ``n`` (1-based) uses ``lambda = 1 - eta^n``, as LAVSE's
+    ``ContrastiveLoss`` (which counts the call before computing ``k``), so training starts almost at the
+    sum of hinges (Table 6: the max of hinges alone diverges) and reaches lambda = 0.99 after 510 steps at
+    eta = 0.991. It is the objective's checkpointed state, so a resumed run continues the schedule exactly.
+    ``last_terms`` holds the last batch's terms (floats) for inspection and tests.
+    """
+
+    eta: float = 0.991
+    margin: float = 0.2
+    measure: str = "cosine"
+    iteration: int = 0
+
+    def __post_init__(self) -> None:
+        self.last_terms: dict[str, float] = {}
+
+    def __call__(self, model: torch.nn.Module, batch: Any, step: int,
+                 autocast: AutocastFactory) -> torch.Tensor:
+        """``J_M + mean_j J_L`` of the batch at the current ``lambda``; advances ``iteration``."""
+        weight = hard_negative_weight(self.eta, self.iteration + 1)
+        with autocast():
+            im = model.encode_images(batch.image_features, batch.image_counts)
+            cap = model.encode_captions(batch.text, batch.lengths)
+        loss = scheduled_contrastive_loss(im.float(), cap.float(), weight, self.measure, self.margin,
+                                          batch.image_index)
+        terms = {"lambda": weight, "image_text": float(loss.detach())}
+        if batch.pairs:
+            cross = []
+            for pairs in batch.pairs:
+                with autocast():
+                    a = model.encode_captions(pairs.text, pairs.lengths)
+                    b = model.encode_captions(pairs.other_text, pairs.other_lengths)
+                cross.append(scheduled_contrastive_loss(a.float(), b.float(), weight, self.measure,
+                                                        self.margin))
+                terms[f"cross_{pairs.other_lang}"] = float(cross[-1].detach())
+            loss = loss + torch.stack(cross).mean()
+        self.last_terms = terms
+        self.iteration += 1
+        return loss
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"iteration", "eta"}``."""
+        return {"iteration": self.iteration, "eta": self.eta}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the schedule at the checkpoint's ``iteration``."""
+        if "eta" in state and float(state["eta"]) != self.eta:
+            raise ValueError(f"the checkpoint's schedule has eta {state['eta']}, this run {self.eta}")
+        self.iteration = int(state.get("iteration", 0))
 
 
 #: family -> factory ``(settings) -> Objective``

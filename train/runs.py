@@ -31,7 +31,7 @@ from prep.errors import UserError
 from prep.io import sha256_file, write_json_atomic
 from prep.pipelines import TrainSection
 from train.checkpoint import load_checkpoint
-from train.data import CaptionSet, TextCodec, codec_for, load_caption_set, read_features
+from train.data import CaptionSet, TextCodec, codec_for, load_caption_set, read_features, read_region_counts
 from train.models.registry import model_spec
 from train.trainer import LAST, METRICS, embed_caption_set, embed_codes, resolve_device
 
@@ -204,6 +204,7 @@ class LoadedRun:
     _dataset: PreparedDataset | None = field(default=None, repr=False)
     _features: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
     _featurizer: Any = field(default=None, repr=False)
+    _counts: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def dataset(self) -> PreparedDataset:
@@ -221,7 +222,14 @@ class LoadedRun:
             if not self.settings.features:
                 raise UserError(f"{self.run_dir}: the run's config names no feature store")
             self._features = read_features(self.settings.features, self.dataset)
+            self._counts = read_region_counts(self.settings.features)
         return self._features
+
+    @property
+    def region_counts(self) -> np.ndarray | None:
+        """``(N,)`` real regions per image of a region store with ``counts``, else None."""
+        self.features  # noqa: B018 - reads the store once
+        return self._counts
 
     @property
     def codec(self) -> TextCodec:
@@ -256,11 +264,12 @@ class LoadedRun:
 
         return search(self, text=text, image=image, top=top, split=split, data=data, features=features)
 
-    def caption_set(self, split: str) -> CaptionSet:
-        """The whole ``split`` in the run's language (all its images, not the val subset)."""
+    def caption_set(self, split: str, lang: str | None = None) -> CaptionSet:
+        """The whole ``split`` in ``lang`` (default: the run's), all its images (not the val subset)."""
         x, valid = self.features
-        return load_caption_set(self.dataset, x, valid, split, self.settings.lang, self.settings.max_chars,
-                                codec=self.codec)
+        return load_caption_set(self.dataset, x, valid, split, lang or self.settings.lang,
+                                self.settings.max_chars,
+                                codec=self.codec, counts=self.region_counts)
 
 
 def load_run(run_dir: str | os.PathLike, checkpoint: str = "best", device: str = "auto") -> LoadedRun:
@@ -287,13 +296,14 @@ def load_run(run_dir: str | os.PathLike, checkpoint: str = "best", device: str =
                      checkpoint=checkpoint, epoch=int(state["epoch"]))
 
 
-def embed_split(run: LoadedRun, split: str, texts: list[str] | None = None) -> Embeddings:
-    """Embed the images and captions of ``split`` (in the run's language) with the run's model.
+def embed_split(run: LoadedRun, split: str, texts: list[str] | None = None, lang: str | None = None
+                ) -> Embeddings:
+    """Embed the images and captions of ``split`` in ``lang`` (default: the run's) with the run's model.
 
     ``texts``, when given, replace the split's captions one for one (same count and order as
     ``embed_split(run, split).texts``), e.g. with characters replaced for the noise analysis.
     """
-    cs = run.caption_set(split)
+    cs = run.caption_set(split, lang)
     if texts is None:
         images, captions = embed_caption_set(run.model, cs, run.device, amp=run.settings.amp)
         texts_out = cs.texts

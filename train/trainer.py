@@ -31,7 +31,15 @@ from prep.console import progress
 from prep.io import write_json_atomic
 from prep.pipelines import TrainSection
 from train.checkpoint import restore_rng_states, rng_states, save_checkpoint
-from train.data import CaptionSet, ImageRows, TextCodec, batch_loader, epoch_batches
+from train.data import (
+    CaptionSet,
+    ImageRows,
+    PairSet,
+    TextCodec,
+    batch_loader,
+    epoch_batches,
+    epoch_pair_batches,
+)
 from train.objectives import Objective
 from train.plots import plot_training_curves
 
@@ -67,22 +75,35 @@ def autocast(device: torch.device, amp: bool) -> Any:
 
 
 def batch_to(batch: Any, device: torch.device) -> Any:
-    """A batch (a NamedTuple of tensors and other values) with its tensors moved to ``device``."""
-    moved = (x.to(device, non_blocking=True) if isinstance(x, torch.Tensor) else x for x in batch)
-    return type(batch)(*moved)
+    """A batch (a NamedTuple of tensors and other values, and tuples of such NamedTuples: the pair
+    batches) with its tensors moved to ``device``."""
+    def move(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return x.to(device, non_blocking=True)
+        if isinstance(x, tuple) and hasattr(x, "_fields"):
+            return batch_to(x, device)
+        if isinstance(x, tuple):
+            return tuple(move(v) for v in x)
+        return x
+
+    return type(batch)(*(move(x) for x in batch))
 
 
 @torch.no_grad()
 def embed_images(model: torch.nn.Module, features: torch.Tensor | ImageRows, device: torch.device,
                  batch_size: int = 1024, amp: bool = False) -> torch.Tensor:
-    """Image features (N, *feature_shape) -> embeddings (N, d) float32 on the CPU, in blocks."""
+    """Image features (N, *feature_shape) -> embeddings (N, d) float32 on the CPU, in blocks (region
+    features of an :class:`ImageRows` with counts: padding regions masked)."""
     was_training = model.training
     model.eval()
     out = []
     for start in range(0, features.shape[0], batch_size):
         rows = features[start:start + batch_size].float()
+        counts = (features.counts_of(slice(start, start + batch_size)) if isinstance(features, ImageRows)
+                  else None)
         with autocast(device, amp):
-            out.append(model.encode_images(rows.to(device)).float().cpu())
+            out.append(model.encode_images(rows.to(device), None if counts is None else counts.to(device))
+                       .float().cpu())
     model.train(was_training)
     return torch.cat(out) if out else torch.zeros(0, 0)
 
@@ -148,13 +169,16 @@ class Trainer:
     """Trains ``model`` on ``train_set``, validating on ``val_set`` each epoch, in ``run_dir``.
 
     ``objective(model, batch, step, autocast) -> scalar`` is the family's loss
-    (:mod:`train.objectives`); the trainer knows nothing else about the family.
+    (:mod:`train.objectives`); the trainer knows nothing else about the family. ``pair_sets``: aligned
+    sentence pairs (cross-language loss); each caption batch then carries one batch of each
+    (:attr:`train.data.Batch.pairs`), drawn with the epoch's batches from the same seeded generator.
     """
 
     def __init__(self, settings: TrainSection, model: torch.nn.Module, objective: Objective,
                  train_set: CaptionSet, val_set: CaptionSet, run_dir: Path, device: torch.device,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, pair_sets: Sequence[PairSet] = ()) -> None:
         self.settings = settings
+        self.pair_sets = list(pair_sets)
         self.model = model.to(device)
         self.objective = objective
         self.train_set = train_set
@@ -255,9 +279,11 @@ class Trainer:
         # when resuming mid-epoch, so the remaining batches are those an uninterrupted run sees
         self.shuffle.set_state(self.epoch_start_shuffle)
         batches = epoch_batches(self.train_set, s.batch_size, s.captions_per_epoch, self.shuffle)
+        pairs = [(ps, epoch_pair_batches(ps, len(batches), s.batch_size, self.shuffle)[self.position:])
+                 for ps in self.pair_sets]
         remaining = batches[self.position:]
         loader = batch_loader(self.train_set, remaining, workers=s.workers,
-                              pin_memory=self.device.type == "cuda")
+                              pin_memory=self.device.type == "cuda", pairs=pairs)
         self.model.train()
         bar = progress(total=len(batches), initial=self.position, desc=f"epoch {self.epoch + 1}/{s.epochs}",
                        unit="batch")

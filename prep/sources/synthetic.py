@@ -6,6 +6,8 @@ kind, size and position, with five different templates per language, so the five
 image differ in wording but not in content. Few colours and kinds make combinations recur, which
 is what lets a small character-level model learn it from generic ImageNet CNN features in minutes.
 Japanese captions are written in kana/kanji and transliterated by ``prep`` like YJ Captions.
+The templates are translations of one another, so each image also gives five cross-language ``pairs``
+(template ``k`` in every language), the aligned sentences of the LIWE paper's cross-language loss.
 Deterministic given the seed; images are PNG files under ``images/`` of the output folder.
 """
 
@@ -19,7 +21,7 @@ from PIL import Image, ImageDraw
 
 from prep.console import progress
 from prep.errors import UserError
-from prep.sources import RawCaption, RawDataset, RawImage
+from prep.sources import RawCaption, RawDataset, RawImage, RawPair
 
 # colour: (RGB, English, German (declinable stem or None when indeclinable), German plain, Japanese
 # attributive, Japanese noun)
@@ -186,6 +188,7 @@ def generate_synthetic(out_dir: Path, num_images: int, image_size: int, captions
     images_dir = out_dir / "images"
     images_dir.mkdir(parents=True, exist_ok=True)
     out: list[RawImage] = []
+    pairs: list[RawPair] = []
     for i in progress(range(num_images), desc="synthetic images", unit="img"):
         scene = _random_scene(rng)
         img = Image.new("RGB", (image_size, image_size), BACKGROUND)
@@ -203,5 +206,8 @@ def generate_synthetic(out_dir: Path, num_images: int, image_size: int, captions
             captions += [RawCaption(lang, texts[lang][k]) for k in order[:captions_per_image]]
         out.append(RawImage(key=name, split=split, filename=name, filepath="images", captions=captions,
                             where=f"synthetic image {i}"))
+        if len(languages) > 1:  # template k says the same thing in every language
+            pairs += [RawPair(image_key=name, sides={lang: texts[lang][k] for lang in languages},
+                              where=f"synthetic image {i}, template {k}") for k in range(5)]
     return RawDataset(name="synthetic", languages=list(languages), images=out, images_root=out_dir,
-                      inputs=[], notes={"seed": seed})
+                      inputs=[], notes={"seed": seed}, pairs=pairs)

@@ -62,7 +62,13 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from prep.dataset import Vocabulary
-from train.models.registry import TextEncoder, count_parameters, register_text_encoder
+from train.models.registry import (
+    ModelSpec,
+    TextEncoder,
+    count_parameters,
+    register_family,
+    register_text_encoder,
+)
 
 POOLINGS = ("final", "last", "mean")
 #: section 2.2: character embeddings in R^24
@@ -142,6 +148,10 @@ class ClmrEncoder(BiGRUCaptionEncoder):
         """``(B, T) -> (B, T, word_dim)`` table lookup."""
         return self.embedding(tokens)
 
+    def parameter_report(self) -> dict[str, int]:
+        """``{"word_table": vocab x 300, "caption_gru": ...}``."""
+        return {"word_table": count_parameters(self.embedding), "caption_gru": count_parameters(self.gru)}
+
 
 class LiweWordEmbedder(nn.Module):
     """LIWE's character-built word embeddings: ``chars (..., C) long -> (..., layers[-1])``.
@@ -213,6 +223,11 @@ class LiweEncoder(BiGRUCaptionEncoder):
             raise ValueError(f"LIWE reads (batch, words, characters) indices, got {tuple(tokens.shape)}")
         return self.word_embedder(tokens)
 
+    def parameter_report(self) -> dict[str, int]:
+        """``{"word_embedder": characters + f1 + f2 (the paper's 115,064), "caption_gru": ...}``."""
+        return {"word_embedder": count_parameters(self.word_embedder),
+                "caption_gru": count_parameters(self.gru)}
+
 
 @register_text_encoder("clmr")
 def clmr(vocab_size: int, **kwargs: Any) -> ClmrEncoder:
@@ -224,6 +239,46 @@ def clmr(vocab_size: int, **kwargs: Any) -> ClmrEncoder:
 def liwe(vocab_size: int, **kwargs: Any) -> LiweEncoder:
     """LIWE: character-built word embeddings + BiGRU, directions averaged."""
     return LiweEncoder(vocab_size, **kwargs)
+
+
+# --- the families: ``train clmr`` and ``train liwe`` ------------------------------------------------
+
+
+def _region_family(settings: Any, text_encoder: str, text_input: str, text_kwargs: dict[str, Any]
+                   ) -> ModelSpec:
+    # the BiGRU's size is the joint space (no W_t); cosine embeddings, so no |.| before the L2 norm
+    return ModelSpec(text_encoder, {"d": settings.d, **text_kwargs}, text_input=text_input,
+                     image_encoder="nonlocal_regions", text_projection=False, absolute=False)
+
+
+@register_family("clmr")
+def _clmr_family(settings: Any) -> ModelSpec:
+    """CLMR: word lookup + BiGRU over words; non-local region image encoder; cosine."""
+    return _region_family(settings, "clmr", "words", {})
+
+
+@register_family("liwe")
+def _liwe_family(settings: Any) -> ModelSpec:
+    """LIWE(f1, f2, ...): character-built words (``C_w`` = ``word_length``) + BiGRU; region image encoder."""
+    word_length = settings.word_length or WORD_LENGTH
+    return _region_family(settings, "liwe", "word_chars",
+                          {"word_length": word_length, "layers": tuple(settings.layers)})
+
+
+def _scheduled_objective(settings: Any) -> Any:
+    from train.objectives import ScheduledContrastiveObjective
+
+    return ScheduledContrastiveObjective(eta=settings.eta, margin=settings.margin, measure=settings.measure)
+
+
+def _register_objectives() -> None:
+    from train.objectives import register_objective
+
+    for family in ("clmr", "liwe"):
+        register_objective(family)(_scheduled_objective)
+
+
+_register_objectives()
 
 
 # --- counts, C_w and spelling ------------------------------------------------------------------------

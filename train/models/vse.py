@@ -68,9 +68,15 @@ class VisualSemanticEmbedding(nn.Module):
             z = z.abs()
         return F.normalize(z, dim=1)
 
-    def encode_images(self, images: torch.Tensor) -> torch.Tensor:
-        """``images (B, *feature_shape) float -> (B, d)`` unit-norm (``|.|`` first when ``absolute``)."""
-        return self._finish(self.image_encoder(images))
+    def encode_images(self, images: torch.Tensor, counts: torch.Tensor | None = None) -> torch.Tensor:
+        """``images (B, *feature_shape) float -> (B, d)`` unit-norm (``|.|`` first when ``absolute``).
+
+        ``counts`` (B,) int64: real regions of region features (the others are padding), passed to the
+        region encoder; None: every region is real (and the only form other image encoders take).
+        """
+        if counts is None:
+            return self._finish(self.image_encoder(images))
+        return self._finish(self.image_encoder(images, counts))
 
     def encode_captions(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """``tokens (B, T) or (B, T, C) long, lengths (B,) long -> (B, d)`` unit-norm ``|W_t f_t(T)|``."""
@@ -86,12 +92,17 @@ class VisualSemanticEmbedding(nn.Module):
         return self.encode_images(images), self.encode_captions(tokens, lengths)
 
     def parameter_report(self) -> dict[str, int]:
-        """Trainable parameters: ``text_encoder``, ``text_projection``, ``image_encoder`` and ``total``."""
-        report = {
-            "text_encoder": count_parameters(self.text_encoder),
-            "text_projection": count_parameters(self.text_projection),
-            "image_encoder": count_parameters(self.image_encoder),
-        }
+        """Trainable parameters: ``text_encoder``, ``text_projection``, ``image_encoder`` and ``total``.
+
+        A text encoder with its own ``parameter_report()`` (CLMR, LIWE: word embeddings and the GRU) adds
+        its parts right after ``text_encoder`` as ``text_encoder.<part>``.
+        """
+        report = {"text_encoder": count_parameters(self.text_encoder)}
+        parts = getattr(self.text_encoder, "parameter_report", None)
+        if callable(parts):
+            report.update({f"text_encoder.{k}": int(v) for k, v in parts().items()})
+        report["text_projection"] = count_parameters(self.text_projection)
+        report["image_encoder"] = count_parameters(self.image_encoder)
         report["total"] = count_parameters(self)
         return report
 
