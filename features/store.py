@@ -610,6 +610,17 @@ class RegionFeatures:
     boxes: np.ndarray | None = None
 
 
+def stored_region_counts(store: FeatureStore, valid: np.ndarray | None = None) -> np.ndarray | None:
+    """The store's ``counts`` (N,) int64 (real regions per image), 0 where ``valid`` (N,) is False;
+    None when the store has no ``counts`` array (a hand-written region store)."""
+    if not store.has("counts"):
+        return None
+    counts = np.asarray(store.array("counts")[:], dtype=np.int64).reshape(-1)
+    if valid is not None:
+        counts[~np.asarray(valid, dtype=bool)] = 0
+    return counts
+
+
 def read_regions(spec: str, dataset: PreparedDataset | str | os.PathLike | None = None,
                  with_boxes: bool = False) -> RegionFeatures:
     """Read a region store for training: features, per-image region counts (to mask padding), validity.
@@ -624,9 +635,8 @@ def read_regions(spec: str, dataset: PreparedDataset | str | os.PathLike | None 
     store, path, name = _open_for_reading(f"{path}:regions", dataset)
     stored, valid = _read_checked(store, path, name)
     x = stored.astype(np.float32, copy=False)
-    if store.has("counts"):
-        counts = np.asarray(store.array("counts")[:], dtype=np.int64)
-    else:
+    counts = stored_region_counts(store, valid)
+    if counts is None:
         nonzero = np.abs(np.nan_to_num(x)).reshape(*x.shape[:2], -1).sum(axis=2) != 0
         counts = x.shape[1] - np.argmax(nonzero[:, ::-1], axis=1)
         counts[~nonzero.any(axis=1)] = 0

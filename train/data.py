@@ -297,19 +297,15 @@ def read_features(features: str, dataset: PreparedDataset | None = None) -> tupl
 def read_region_counts(features: str) -> np.ndarray | None:
     """Real regions per image ``(N,)`` int64 of a ``STORE:regions`` spec: the store's ``counts`` array,
     or None when it has none (then every one of the ``k`` regions is real) or the spec is not regions."""
-    from features.store import FeatureStore, parse_spec
+    from features.store import FeatureStore, parse_spec, stored_region_counts
 
     path, key = parse_spec(features)
     if key != "regions":
         return None
     store = FeatureStore(path)
-    if not store.has("counts"):
-        return None
-    counts = np.asarray(store.array("counts")[:]).reshape(-1)
-    valid = np.asarray(store.array("valid")[:], dtype=bool)
-    out = np.ones(len(counts), dtype=np.int64)  # rows of failed images are never read; keep them sane
-    out[valid] = counts[valid].astype(np.int64)
-    return out
+    counts = stored_region_counts(store, np.asarray(store.array("valid")[:], dtype=bool))
+    # rows of failed images are never read; keep them sane (at least one region)
+    return None if counts is None else np.maximum(counts, 1)
 
 
 def load_caption_set(dataset: PreparedDataset, x: np.ndarray | torch.Tensor, valid: np.ndarray, split: str,
