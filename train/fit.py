@@ -374,12 +374,23 @@ def _load_data(settings: TrainSection, spec: ModelSpec) -> tuple[CaptionSet, Cap
         "vocab_size": codec.vocab_size,
         "feature_shape": [int(v) for v in x.shape[1:]],
         "fingerprints": {**dataset_fingerprint(settings.data),
+                         **_words_fingerprint(settings.data, spec),
                          "features": features_fingerprint(x, valid)},
         "data": {split: {"images": cs.num_images, "captions": len(cs), "skipped_images": cs.skipped_images}
                  for split, cs in (("train", train_set), ("val", val_set))},
         "code_version": _code_version(),
     }
     return train_set, val_set, config
+
+
+def _words_fingerprint(data: str, spec: ModelSpec) -> dict[str, str]:
+    """``{"words_json": sha256}`` for word models (their vocabulary is ``words.json``), else ``{}``."""
+    if spec.text_input != "words":
+        return {}
+    from prep.dataset import WORDS_FILE
+    from prep.io import sha256_file
+
+    return {"words_json": sha256_file(Path(data) / WORDS_FILE)}
 
 
 def _continue(trainer: Trainer, settings: TrainSection, log: Callable[[str], None]) -> None:
