@@ -326,6 +326,9 @@ def _train(settings: TrainSection, spec: ModelSpec, run_dir: Path, resume: bool,
     trainer.fit()
     log(f"training done in {time.perf_counter() - t0:.0f}s: best val rsum {trainer.best_rsum:.2f} "
         f"after {trainer.epoch} epochs; run directory {run_dir}")
+    # the test evaluation reads the run back from disk, features included: drop the training copies
+    # first, so a large (int8 FNE) feature array is never held twice
+    del trainer, train_set, val_set, model
     evaluate_test(run_dir, settings, device, log)
 
 
