@@ -287,3 +287,41 @@ def test_word_runs_are_evaluated_and_queried_like_the_others(data, tmp_path) -> 
         fit.run_training(TrainSection(family="seam", out=str(run), data=str(prepared), features=features,
                                       variant="G", gru_units=8, hops=3, d=32, batch_size=8, seed=1,
                                       device="cpu"), resume=True)
+
+
+@pytest.fixture(scope="module")
+def coco_words(coco_sample, tmp_path_factory) -> tuple[Path, str]:
+    """The real COCO sample prepared by ``prep coco --flat`` (600 / 100 / 101 images, real captions and
+    words.json), with a synthetic 16-d feature store in its image order."""
+    from prep.cli import main as prep_main
+
+    root = tmp_path_factory.mktemp("coco_words")
+    prepared = root / "data"
+    assert prep_main(["coco", "--flat", str(coco_sample / "train.json"), str(coco_sample / "val.json"),
+                      "--out", str(prepared), "-q"]) == 0
+    return prepared, f"{make_store(root / 'feats.zarr', prepared)}:global"
+
+
+def test_seam_and_vse_on_real_coco_captions_with_the_noise_analysis(coco_words, tmp_path) -> None:
+    from train.cli import main as train_main
+
+    prepared, features = coco_words
+    words = PreparedDataset.load(prepared).words
+    assert len(words) > 2000  # the real train-split vocabulary (2,562 words + <pad>, <unk>)
+    for family, extra in (("seam", ["--variant", "E", *SEAM_SMALL, "--batch-size", "128"]),
+                          ("vse", ["--kind", "SOE", *VSE_SMALL, "--batch-size", "128"])):
+        run = tmp_path / family
+        assert train_cli([family, "--data", str(prepared), "--features", features, *extra, "--epochs", "1",
+                          "--out", str(run)]) == 0
+        config = json.loads((run / "config.json").read_text())
+        assert config["vocab_size"] == len(words) and config["data"]["train"]["images"] == 600
+        captions = config["data"]["train"]["captions"] if family == "seam" else 600
+        assert records(run)[0]["captions"] == captions
+        # noisy captions are re-tokenized as prep tokenized the real ones: at 0 noise the analysis
+        # reproduces the test evaluation exactly
+        assert train_main(["evaluate", "--run", str(run), "--noise", "0.1:0.2:0.1", "--device", "cpu"]) == 0
+        noise = json.loads((run / "eval" / "noise_test.json").read_text())
+        test = json.loads((run / "eval" / "test.json").read_text())["protocols"]["all"]
+        assert [r["ratio"] for r in noise["ratios"]] == pytest.approx([0.1, 0.2])
+        for direction in ("i2t", "t2i"):
+            assert noise["clean"][direction]["r1"] == pytest.approx(test[direction]["r1"])
