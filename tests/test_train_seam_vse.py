@@ -325,3 +325,27 @@ def test_seam_and_vse_on_real_coco_captions_with_the_noise_analysis(coco_words, 
         assert [r["ratio"] for r in noise["ratios"]] == pytest.approx([0.1, 0.2])
         for direction in ("i2t", "t2i"):
             assert noise["clean"][direction]["r1"] == pytest.approx(test[direction]["r1"])
+
+
+def test_the_seam_and_vse_pipelines_resolve_to_their_papers_settings(monkeypatch) -> None:
+    from prep.pipelines import load_pipelines
+
+    monkeypatch.setenv("VSE_SHARED_DATA", "/nowhere")
+    pipes = load_pipelines(Path(__file__).resolve().parents[1] / "pipelines.yaml")
+    seam = with_family_defaults(pipes["coco-sample-seam"].train, "coco")
+    assert (seam.family, seam.variant, seam.hops, seam.penalty, seam.lr_schedule, seam.lr_step) == \
+        ("seam", "C", 5, 0.5, "step", 15)
+    fne = with_family_defaults(pipes["coco-sample-vse-fne"].train, "coco")
+    pooled = with_family_defaults(pipes["coco-sample-vse-pooled"].train, "coco")
+    assert fne.features.endswith("efficientnet_lite0-fne-10crop.zarr:fne")
+    assert pooled.features.endswith("efficientnet_lite0-10crop.zarr:global")
+    # the two differ in their features (and run directory) only
+    same = {k: v for k, v in fne.model_dump().items() if k not in ("features", "out")}
+    assert same == {k: v for k, v in pooled.model_dump().items() if k not in ("features", "out")}
+    assert (fne.kind, fne.measure, fne.loss, fne.captions_per_epoch, fne.absolute) == \
+        ("SOE", "order", "sum", "one", True)
+    f8k = with_family_defaults(pipes["f8k-fne-vse"].train, "f8k")
+    assert (f8k.kind, f8k.d, f8k.word_dim, f8k.loss, f8k.measure, f8k.epochs) == \
+        ("MH", 1024, 1024, "max", "cosine", 400)
+    assert pipes["f8k-fne-vse"].train.features.endswith("vgg16-fne.zarr:fne")
+    assert pipes["f8k-fc7-vse"].train.features.endswith("vgg16-10crop.zarr:global")
