@@ -147,6 +147,16 @@ class TrainSection(Section):
         "p": ("chain",),
         "arch": ("oecc",),
         "word_length": ("liwe",),
+        # seam (train seam)
+        "variant": ("seam",),
+        "hops": ("seam",),
+        "penalty": ("seam",),
+        "gru_units": ("seam",),
+        # vse (train vse)
+        "kind": ("vse",),
+        "word_dim": ("vse",),
+        "absolute": ("vse",),
+        "finetune_lr": ("vse",),
     }
     family: Literal["chain", "oecc", "seam", "vse", "clmr", "liwe"]
     data: str | None = None
@@ -184,6 +194,21 @@ class TrainSection(Section):
     #: languages of the image-text training captions (default: ``lang`` only, as the paper's Eq. 8 and LAVSE)
     langs: list[str] | None = Field(None, min_length=1)
     grad_clip: float | None = Field(2.0, ge=0)
+    #: learning-rate schedule: /10 on a validation plateau, /10 every ``lr_step`` epochs, or constant
+    lr_schedule: Literal["plateau", "step", "constant"] = "plateau"
+    lr_step: int = Field(15, ge=1)
+    # seam: variant, hops of each attention module (None: the variant's default), penalty lambda,
+    # GRU units of SEAM-G
+    variant: Literal["E", "C", "G"] = "E"
+    hops: int | None = Field(None, ge=1)
+    penalty: float = Field(0.0, ge=0)
+    gru_units: int = Field(512, ge=1)
+    # vse: the FNE paper's pipeline (table 1 preset), word embedding size, |.| on both sides,
+    # learning rate of a curriculum's second (max-of-hinges) phase (None: the same as lr)
+    kind: Literal["SH", "SH-bl", "MH", "MH-bl", "SOE", "SOE-bl", "MOE", "MOE-bl", "PH", "POE"] = "SH"
+    word_dim: int = Field(1024, ge=1)
+    absolute: bool = False
+    finetune_lr: float | None = Field(None, gt=0)
     captions_per_epoch: Literal["all", "one"] = "all"
     #: language of the training and validation captions (``lang`` of the prepared sentences)
     lang: str = "en"

@@ -1,9 +1,11 @@
 """``train <family>``: the training subcommands, one per model family, and :func:`run_training`.
 
 Every family shares the trainer (:mod:`train.trainer`), the data pipeline (:mod:`train.data`)
-and the run directory (:mod:`train.runs`); a family only adds its own options. This issue wires
-``chain`` and ``oecc``; the other families of ``prep.pipelines.FAMILIES`` join through
-:data:`FAMILY_OPTIONS` once their encoders exist.
+and the run directory (:mod:`train.runs`); a family only adds its own options, and its defaults
+(``register_family_defaults``: SEAM's step schedule, the FNE paper's presets), which are resolved
+before the run starts and recorded in its ``config.json``. ``chain``, ``oecc``, ``seam`` and ``vse``
+train today; the other families of ``prep.pipelines.FAMILIES`` join through :data:`FAMILY_OPTIONS`
+once their encoders exist.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from train.data import (
     read_region_counts,
 )
 from train.evaluate import protocol_folds
-from train.models.registry import ModelSpec, model_spec
+from train.models.registry import ModelSpec, model_spec, with_family_defaults
 from train.runs import (
     absolute_settings,
     check_same_config,
@@ -126,10 +128,52 @@ REGION_FAMILIES = {
 }
 # -------------------------------------------------------------------------------------------------------
 
+def _word_options(p: argparse.ArgumentParser) -> None:
+    """Options of the word-level families (seam, vse): how captions become word indices."""
+    p.add_argument("--max-words", dest="max_words", type=int, default=None,
+                   help="captions are cut to this many words (default 100)")
+    p.add_argument("--min-word-count", dest="min_word_count", type=int, default=None,
+                   help="words seen fewer times in the train split map to <unk> (default 1: every "
+                        "train word)")
+
+
+def _seam_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--variant", choices=("E", "C", "G"), default=None,
+                   help="SEAM-E (attention over the word embeddings), SEAM-C (+ convolutions of width 2 "
+                        "and 3) or SEAM-G (attention over a GRU's states) (default E)")
+    p.add_argument("--hops", type=int, default=None,
+                   help="attention hops h of each attention module (default: E 30, C 5, G 30)")
+    p.add_argument("--penalty", type=float, default=None,
+                   help="lambda, coefficient of the attention penalty ||AA^T - I||_F^2 (default 0)")
+    p.add_argument("--gru-units", dest="gru_units", type=int, default=None,
+                   help="GRU units of SEAM-G (default 512)")
+    _word_options(p)
+
+
+def _vse_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kind", choices=("SH", "SH-bl", "MH", "MH-bl", "SOE", "SOE-bl", "MOE", "MOE-bl", "PH",
+                                      "POE"), default=None,
+                   help="the FNE paper's pipeline, with its table 1 settings as defaults: sum (S) or max (M) "
+                        "of hinges, cosine (H) or order (OE); PH/POE train with the sum until validation "
+                        "stops improving, then go on from the best checkpoint with the max; -bl: the "
+                        "baselines' settings (default SH)")
+    p.add_argument("--word-dim", dest="word_dim", type=int, default=None,
+                   help="size of the word embedding (default: the --kind preset)")
+    p.add_argument("--absolute", action=argparse.BooleanOptionalAction, default=None,
+                   help="|.| on both sides before the L2 normalisation (default: the --kind preset)")
+    p.add_argument("--finetune-lr", dest="finetune_lr", type=float, default=None,
+                   help="learning rate of the second (max of hinges) phase of PH/POE (default: the preset; "
+                        "POE 1e-4, PH --lr)")
+    _word_options(p)
+
+
 #: the families that train today, with the options only they take
 FAMILY_OPTIONS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "chain": ("CHAIN-VSE: character inception text encoder, order embeddings", _chain_options),
     "oecc": ("OECC: order embeddings with character convolutions through time", _oecc_options),
+    "seam": ("SEAM: self-attentive word-embedding text encoders (E, C, G), order embeddings", _seam_options),
+    "vse": ("VSE pipelines of the FNE paper: word embedding + GRU on FNE or one-layer features "
+            "(SH, MH, SOE, MOE, PH, POE)", _vse_options),
     **REGION_FAMILIES,
 }
 
@@ -145,8 +189,8 @@ def _common_options(p: argparse.ArgumentParser) -> None:
     data.add_argument("--max-chars", dest="max_chars", type=int, default=None,
                       help="captions are cut to this many characters (default 256)")
     data.add_argument("--captions-per-epoch", dest="captions_per_epoch", choices=("all", "one"), default=None,
-                      help="'all': every caption once per epoch (CHAIN-VSE, OECC); 'one': one random "
-                           "caption per image per epoch (FNE paper) (default all)")
+                      help="'all': every caption once per epoch (CHAIN-VSE, OECC, SEAM); 'one': one random "
+                           "caption per image per epoch (FNE paper) (default all; vse one)")
     model = p.add_argument_group("model and loss")
     model.add_argument("--d", type=int, default=None, help="dimension of the joint embedding (default 1024)")
     model.add_argument("--measure", choices=("order", "cosine"), default=None,
@@ -165,6 +209,12 @@ def _common_options(p: argparse.ArgumentParser) -> None:
     opt.add_argument("--lr-decay-patience", dest="lr_decay_patience", type=int, default=None,
                      help="divide the learning rate by 10 after this many epochs without a better "
                           "validation rsum (default 3)")
+    opt.add_argument("--lr-schedule", dest="lr_schedule", choices=("plateau", "step", "constant"),
+                     default=None,
+                     help="plateau: /10 after --lr-decay-patience epochs without improvement; step: /10 "
+                          "every --lr-step epochs; constant (default: plateau; seam step, vse constant)")
+    opt.add_argument("--lr-step", dest="lr_step", type=int, default=None,
+                     help="epochs between two /10 steps of --lr-schedule step (default 15)")
     opt.add_argument("--early-stop", dest="early_stop", type=int, default=None,
                      help="stop after this many epochs without a better validation rsum (default 10)")
     opt.add_argument("--epochs", type=int, default=None, help="maximum number of epochs (default 30)")
@@ -212,8 +262,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     for family, (summary, own_options) in FAMILY_OPTIONS.items():
         p = subparsers.add_parser(
             family, help=summary, description=f"{summary}. Adam, learning rate /10 on a validation-rsum "
-            "plateau, early stopping; writes a run directory (config.json, checkpoints/best.pt and last.pt, "
-            "metrics.jsonl, eval/test.json) that --resume continues exactly.")
+            "plateau or on a fixed step (--lr-schedule), early stopping; writes a run directory "
+            "(config.json, checkpoints/best.pt and last.pt, metrics.jsonl, eval/test.json) that --resume "
+            "continues exactly.")
         own_options(p.add_argument_group(f"{family} text encoder"))
         _common_options(p)
         p.set_defaults(func=functools.partial(_command, family))
@@ -278,7 +329,8 @@ def run_training(settings: TrainSection, resume: bool = False, overwrite: bool =
     if settings.family not in FAMILY_OPTIONS:
         raise UserError(f"family '{settings.family}' cannot be trained yet (available: "
                         f"{', '.join(FAMILY_OPTIONS)})")
-    settings = _resolve_word_length(absolute_settings(settings))
+    settings = _resolve_word_length(absolute_settings(with_family_defaults(settings,
+                                                                           _dataset_name(settings.data))))
     run_dir = Path(settings.out)
     if dry_run:
         _dry_run(settings, alphabet_size, image_dim, vocab_size)
@@ -310,6 +362,15 @@ def _resolve_word_length(settings: TrainSection) -> TrainSection:
     resolved = settings.model_copy(update={"word_length": word_length_from_statistics(counts)})
     resolved.model_fields_set.add("word_length")
     return resolved
+def _dataset_name(data: str | None) -> str | None:
+    """The ``dataset`` field of a prepared dataset (``coco``, ``f8k``, ...), or None (no or bad data:
+    the error comes when the data is read)."""
+    if not data:
+        return None
+    try:
+        return PreparedDataset.load(data).name
+    except (UserError, OSError, ValueError):
+        return None
 
 
 def _train(settings: TrainSection, spec: ModelSpec, run_dir: Path, resume: bool,
@@ -348,6 +409,9 @@ def _train(settings: TrainSection, spec: ModelSpec, run_dir: Path, resume: bool,
     trainer.fit()
     log(f"training done in {time.perf_counter() - t0:.0f}s: best val rsum {trainer.best_rsum:.2f} "
         f"after {trainer.epoch} epochs; run directory {run_dir}")
+    # the test evaluation reads the run back from disk, features included: drop the training copies
+    # first, so a large (int8 FNE) feature array is never held twice
+    del trainer, train_set, val_set, model
     evaluate_test(run_dir, settings, device, log)
 
 
@@ -374,9 +438,13 @@ def _dry_run(settings: TrainSection, alphabet_size: int | None, image_dim: int |
     what = "word vocabulary" if spec.text_input == "words" else "alphabet"
     dims = " x ".join(map(str, shape))
     console.result(f"{settings.family}: {what} {vocab}, image features {dims}, d {settings.d}")
-    for part, count in model.parameter_report().items():
+    report = model.parameter_report()
+    for part, count in report.items():
         label = part.replace("text_encoder.", "  ").replace("_", " ")
         console.result(f"  {label:<16} {count:>12,}")
+    if spec.text_input == "words" and "text_projection" in report:  # what SEAM's table 2 counts
+        console.result(f"  {'text side':<16} {report['text_encoder'] + report['text_projection']:>12,}"
+                       "  (text encoder + text projection)")
     if spec.text_input == "word_chars":  # the paper's ~50x: a CLMR word table for the same data
         from train.models.liwe import format_word_embedding_report, word_embedding_report
 
@@ -407,6 +475,7 @@ def _load_data(settings: TrainSection, spec: ModelSpec) -> tuple[CaptionSet, Cap
         "vocab_size": codec.vocab_size,
         "feature_shape": [int(v) for v in x.shape[1:]],
         "fingerprints": {**dataset_fingerprint(settings.data),
+                         **_words_fingerprint(settings.data, spec),
                          "features": features_fingerprint(x, valid)},
         "data": {split: {"images": cs.num_images, "captions": len(cs), "skipped_images": cs.skipped_images}
                  for split, cs in (("train", train_set), ("val", val_set))},
@@ -422,6 +491,14 @@ def _load_pairs(settings: TrainSection, train_set: CaptionSet) -> list[PairSet]:
     dataset = PreparedDataset.load(settings.data)
     return [load_pair_set(dataset, "train", settings.lang, other, train_set.codec)
             for other in settings.cross_lang]
+def _words_fingerprint(data: str, spec: ModelSpec) -> dict[str, str]:
+    """``{"words_json": sha256}`` for word models (their vocabulary is ``words.json``), else ``{}``."""
+    if spec.text_input != "words":
+        return {}
+    from prep.dataset import WORDS_FILE
+    from prep.io import sha256_file
+
+    return {"words_json": sha256_file(Path(data) / WORDS_FILE)}
 
 
 def _continue(trainer: Trainer, settings: TrainSection, log: Callable[[str], None]) -> None:
@@ -433,7 +510,7 @@ def _continue(trainer: Trainer, settings: TrainSection, log: Callable[[str], Non
     except (RuntimeError, ValueError, KeyError) as exc:
         raise UserError(f"{path}: cannot continue from it with this code "
                         f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
-    if trainer.finished and trainer.epoch < settings.epochs and trainer.bad_epochs < settings.early_stop:
+    if trainer.finished and trainer.can_continue():
         trainer.finished = False
     where = (f"epoch {trainer.epoch + 1}, batch {trainer.position}" if trainer.position
              else f"the end of epoch {trainer.epoch}")

@@ -12,6 +12,10 @@ context factory, and steps the optimiser. Objectives with a schedule or phases k
 * :class:`ScheduledContrastiveObjective` (``clmr``, ``liwe``): the LIWE paper's loss, the hard-negative
   weight ``lambda = 1 - eta^iteration`` growing from the sum of hinges to the max of hinges (Eq. 2-5),
   plus the cross-language loss of the batch's aligned sentence pairs (Eq. 6-8).
+* :class:`CurriculumObjective` (the FNE paper's PH and POE pipelines, section 3.5): the same loss in
+  phases, the sum of hinges first, then the max of hinges. The trainer moves to the next phase
+  when validation stops improving (see :class:`train.trainer.Trainer`); the phase is part of the
+  objective's state, hence of every checkpoint.
 
 Families register their own with :func:`register_objective`.
 """
@@ -148,6 +152,51 @@ class ScheduledContrastiveObjective:
         self.iteration = int(state.get("iteration", 0))
 
 
+@dataclass
+class CurriculumObjective(ContrastiveObjective):
+    """:class:`ContrastiveObjective` whose reduction changes by phase: ``phases[phase]``.
+
+    FNE paper section 3.5: "train using one method until there is no improvement in the validation
+    set. Then, take this pre-trained model and train it again using a different method". PH and
+    POE use ``("sum", "max")``. The trainer calls :meth:`advance` (after reloading the best
+    checkpoint); :attr:`phase` is saved with every checkpoint.
+    """
+
+    phases: tuple[str, ...] = ("sum", "max")
+    phase: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.phases or any(p not in ("sum", "max") for p in self.phases):
+            raise ValueError(f"curriculum phases must be 'sum' or 'max', got {self.phases}")
+        self.reduction = self.phases[self.phase]
+
+    @property
+    def phase_name(self) -> str:
+        """The reduction of the current phase (``sum`` or ``max``)."""
+        return self.phases[self.phase]
+
+    @property
+    def has_next_phase(self) -> bool:
+        """Whether a phase follows the current one."""
+        return self.phase + 1 < len(self.phases)
+
+    def advance(self) -> None:
+        """Move to the next phase (its reduction applies from the next batch on)."""
+        if not self.has_next_phase:
+            raise ValueError("the curriculum is already in its last phase")
+        self.phase += 1
+        self.reduction = self.phases[self.phase]
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"phase": index}``."""
+        return {"phase": self.phase}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the phase (an empty state is phase 0)."""
+        self.phase = int(state.get("phase", 0))
+        self.reduction = self.phases[self.phase]
+
+
 #: family -> factory ``(settings) -> Objective``
 _OBJECTIVES: dict[str, Callable[[Any], Objective]] = {}
 
@@ -170,4 +219,16 @@ def build_objective(settings: Any) -> Objective:
     factory = _OBJECTIVES.get(settings.family)
     if factory is not None:
         return factory(settings)
+    return ContrastiveObjective(settings.measure, settings.margin, settings.loss, settings.order_sqrt)
+
+
+@register_objective("vse")
+def _vse_objective(settings: Any) -> Objective:
+    """The FNE paper's pipelines: PH and POE are curricula (sum, then max of hinges); the others the
+    plain contrastive loss of their preset."""
+    from train.models.uvs import CURRICULA
+
+    if settings.kind in CURRICULA:
+        return CurriculumObjective(settings.measure, settings.margin, settings.loss, settings.order_sqrt,
+                                   phases=(settings.loss, "max"))
     return ContrastiveObjective(settings.measure, settings.margin, settings.loss, settings.order_sqrt)

@@ -4,6 +4,19 @@ The loop follows the CHAIN-VSE and OECC papers (section 3.2 of each): Adam at th
 learning rate, the learning rate divided by 10 when the validation sum of recalls stops
 improving (``ReduceLROnPlateau`` in ``max`` mode, ``lr_decay_patience`` epochs), and early
 stopping after ``early_stop`` epochs without improvement; ``epochs`` is the maximum.
+``lr_schedule`` picks the schedule: ``plateau`` (that one), ``step`` (divided by 10 every
+``lr_step`` epochs, SEAM's "/10 in the 15th epoch": the released code's ``lr * 0.1 ** (epoch //
+15)`` with 0-based epochs, so epochs 1-15 at ``lr``, 16-30 at ``lr / 10``) or ``constant`` (the
+FNE paper's pipelines).
+
+Phases (curricula). An objective with phases (:class:`train.objectives.CurriculumObjective`, the
+FNE paper's PH and POE) does not stop where a plain run would (``early_stop`` epochs without a
+better validation rsum, or ``epochs`` epochs): the trainer reloads the weights of the best
+checkpoint, advances the objective, starts a fresh Adam at ``finetune_lr`` (default ``lr``) and
+a fresh schedule, and counts ``epochs`` and ``early_stop`` again from there. The best rsum carries
+over, so ``best.pt`` is the best of all phases. The phase and the epoch it started at are in
+every checkpoint and each ``metrics.jsonl`` record has ``phase``, so ``--resume`` continues either
+phase exactly.
 
 Exact resume. Each epoch's batches are drawn up front from a dedicated, seeded generator whose
 state at the start of the epoch is kept; a checkpoint stores it with the index of the next batch,
@@ -30,7 +43,7 @@ import torch
 from prep.console import progress
 from prep.io import write_json_atomic
 from prep.pipelines import TrainSection
-from train.checkpoint import restore_rng_states, rng_states, save_checkpoint
+from train.checkpoint import load_checkpoint, restore_rng_states, rng_states, save_checkpoint
 from train.data import (
     CaptionSet,
     ImageRows,
@@ -187,11 +200,7 @@ class Trainer:
         self.device = device
         self.log = log
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=settings.lr)
-        # threshold 0: the scheduler and early stopping agree on what "improved" means (strictly higher).
-        # ReduceLROnPlateau decays once more than `patience` epochs went by without improvement; the
-        # option means "after this many", hence the - 1
-        self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
-            self.optimizer, mode="max", factor=0.1, patience=settings.lr_decay_patience - 1, threshold=0.0)
+        self.scheduler = self._make_scheduler()
         self.shuffle = torch.Generator().manual_seed(settings.seed)
         # position of the run; everything here goes into every checkpoint
         self.epoch = 0  # epochs completed
@@ -203,7 +212,50 @@ class Trainer:
         self.bad_epochs = 0
         self.history: list[dict[str, Any]] = []
         self.finished = False
+        self.phase_start_epoch = 0  # epochs completed when the objective's current phase began
         self._tb_writer: Any = None  # None: not tried yet; False: TensorBoard is not installed
+
+    def _make_scheduler(self) -> Any:
+        """The ``lr_schedule`` of the settings over the current optimiser."""
+        s = self.settings
+        if s.lr_schedule == "step":
+            return torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=s.lr_step, gamma=0.1)
+        if s.lr_schedule == "constant":
+            return torch.optim.lr_scheduler.LambdaLR(self.optimizer, _constant_lr)
+        # threshold 0: the scheduler and early stopping agree on what "improved" means (strictly higher).
+        # ReduceLROnPlateau decays once more than `patience` epochs went by without improvement; the
+        # option means "after this many", hence the - 1
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(
+            self.optimizer, mode="max", factor=0.1, patience=s.lr_decay_patience - 1, threshold=0.0)
+
+    @property
+    def phase_epochs(self) -> int:
+        """Epochs completed in the objective's current phase (all epochs without phases)."""
+        return self.epoch - self.phase_start_epoch
+
+    def _has_next_phase(self) -> bool:
+        return bool(getattr(self.objective, "has_next_phase", False))
+
+    def can_continue(self) -> bool:
+        """Whether the stopping rules (``epochs``, ``early_stop``) let this phase go on."""
+        return self.phase_epochs < self.settings.epochs and self.bad_epochs < self.settings.early_stop
+
+    def _next_phase(self) -> None:
+        """Reload the best weights, advance the objective, fresh Adam and schedule (see module doc)."""
+        best = self.checkpoint_dir / BEST
+        source = "the last weights (no best checkpoint)"
+        if best.is_file():
+            state = load_checkpoint(best, map_location="cpu")
+            self.model.load_state_dict(state["model"])
+            source = f"the best checkpoint (epoch {state['epoch']}, val rsum {state['best_rsum']:.2f})"
+        self.objective.advance()
+        self.phase_start_epoch = self.epoch
+        self.bad_epochs = 0
+        lr = self.settings.finetune_lr or self.settings.lr
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
+        self.scheduler = self._make_scheduler()
+        self.log(f"phase {self.objective.phase + 1} ({self.objective.phase_name} of hinges) from "
+                 f"{source}, lr {lr:.1e}")
 
     # -- checkpoints -------------------------------------------------------------------------------
     @property
@@ -227,6 +279,7 @@ class Trainer:
             "bad_epochs": self.bad_epochs,
             "history": list(self.history),
             "finished": self.finished,
+            "phase_start_epoch": self.phase_start_epoch,
             "rng": rng_states(),
             "settings": self.settings.model_dump(),
         }
@@ -247,6 +300,7 @@ class Trainer:
         self.bad_epochs = int(state["bad_epochs"])
         self.history = list(state["history"])
         self.finished = bool(state["finished"])
+        self.phase_start_epoch = int(state.get("phase_start_epoch", 0))
         restore_rng_states(state["rng"])
         self.write_metrics()
 
@@ -265,7 +319,7 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train until ``epochs``, early stopping or the end of a resumed run; returns the last record."""
         s = self.settings
-        while not self.finished and self.epoch < s.epochs:
+        while not self.finished and self.phase_epochs < s.epochs:
             self._train_epoch()
             self._end_epoch()
         if not self.finished:  # reached the maximum number of epochs
@@ -362,7 +416,10 @@ class Trainer:
             self.bad_epochs = 0
         else:
             self.bad_epochs += 1
-        self.scheduler.step(rsum)
+        if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            self.scheduler.step(rsum)
+        else:
+            self.scheduler.step()
         r = self.running
         record = {
             "epoch": self.epoch + 1,
@@ -379,15 +436,21 @@ class Trainer:
             "val_time_s": val_time,
             "captions_per_s": r["captions"] / max(r["train_time"], 1e-9),
         }
+        if hasattr(self.objective, "phase_name"):
+            record["phase"] = self.objective.phase_name
         self.history.append(record)
         self.epoch += 1
         self.position = 0
         self.epoch_start_shuffle = self.shuffle.get_state()
         self.running = {"loss_sum": 0.0, "batches": 0, "captions": 0, "train_time": 0.0}
-        if self.bad_epochs >= s.early_stop or self.epoch >= s.epochs:
-            self.finished = True
+        next_phase = False
+        if not self.can_continue():
+            next_phase = self._has_next_phase()
+            self.finished = not next_phase
         if improved:
             self.save(BEST)
+        if next_phase:
+            self._next_phase()
         self.save(LAST)
         self.write_metrics()
         plot_training_curves(self.history, self.run_dir / CURVES, title=self.run_dir.name)
@@ -397,6 +460,11 @@ class Trainer:
             note += f"; early stop after {s.early_stop} epochs without improvement"
         self.log(f"epoch {record['epoch']}: loss {record['loss']:.4f}, lr {lr:.1e}, val rsum {rsum:.2f}"
                  f"{note}, {record['captions_per_s']:.0f} captions/s, {record['time_s']:.1f}s")
+
+
+def _constant_lr(epoch: int) -> float:
+    """``lr_schedule: constant``: the factor of every epoch (a module function, so it pickles)."""
+    return 1.0
 
 
 def write_evaluation(path: Path, record: dict[str, Any]) -> None:

@@ -33,6 +33,8 @@ _TEXT_ENCODERS: dict[str, Callable[..., TextEncoder]] = {}
 _IMAGE_ENCODERS: dict[str, Callable[..., nn.Module]] = {}
 #: family -> rule ``(settings) -> ModelSpec``
 _FAMILIES: dict[str, Callable[[Any], ModelSpec]] = {}
+#: family -> rule ``(settings, dataset_name) -> {key: default}`` (the family's own defaults)
+_FAMILY_DEFAULTS: dict[str, Callable[[Any, str | None], dict[str, Any]]] = {}
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,38 @@ def register_family(family: str):
         return rule
 
     return add
+
+
+def register_family_defaults(family: str):
+    """Decorator registering a family's defaults: a rule ``(settings, dataset_name) -> {key: value}``.
+
+    The values replace the schema's defaults of the keys the user did not set (a paper's settings:
+    SEAM's step schedule, the FNE paper's table 1 presets, which depend on the dataset).
+    """
+
+    def add(rule: Callable[[Any, str | None], dict[str, Any]]):
+        _FAMILY_DEFAULTS[family] = rule
+        return rule
+
+    return add
+
+
+def with_family_defaults(settings: Any, dataset_name: str | None = None) -> Any:
+    """``settings`` (a ``TrainSection``) with its family's defaults for every key not set explicitly.
+
+    ``dataset_name`` is the prepared dataset's ``dataset`` field (``coco``, ``f8k``, ...), or ``None``
+    without data. Keys set explicitly (command line, pipeline, a resumed run's config) always win.
+    The result has every defaulted key marked as set, so a run's ``config.json`` records it.
+    """
+    _load_builtin_models()
+    rule = _FAMILY_DEFAULTS.get(settings.family)
+    if rule is None:
+        return settings
+    given = settings.model_dump(include=settings.model_fields_set)
+    defaults = {k: v for k, v in rule(settings, dataset_name).items() if k not in settings.model_fields_set}
+    if not defaults:
+        return settings
+    return type(settings).model_validate({**given, **defaults})
 
 
 def model_spec(settings: Any) -> ModelSpec:

@@ -70,7 +70,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from train.models.maxout import length_mask
-from train.models.registry import TextEncoder, register_text_encoder
+from train.models.registry import (
+    ModelSpec,
+    TextEncoder,
+    register_family,
+    register_family_defaults,
+    register_text_encoder,
+)
 from train.models.uvs import run_gru, word_embedding
 
 #: size of the word embeddings (the paper's ``d``) and of the attention's hidden layer ``p``
@@ -285,3 +291,28 @@ def seam_g(vocab_size: int, hops: int = 30, penalty: float = 0.0, word_dim: int 
            attention_units: int = ATTENTION_UNITS, gru_units: int = GRU_UNITS) -> SEAMG:
     """SEAM-G: a GRU of ``gru_units`` over the embeddings, self-attention with ``hops`` (30 in the paper)."""
     return SEAMG(vocab_size, hops, penalty, word_dim, attention_units, gru_units)
+
+
+#: default hops of each variant (best image-to-text R@1 of table 2 for E and C; section 3.2 for G)
+DEFAULT_HOPS = {"E": 30, "C": 5, "G": 30}
+
+
+@register_family_defaults("seam")
+def _seam_defaults(settings: Any, dataset_name: str | None) -> dict[str, Any]:
+    """SEAM section 3.2: Adam 1e-3 divided by 10 "in the 15th epoch" (the released code's
+    ``lr * 0.1 ** (epoch // 15)`` over 30 epochs, no early stopping), batch 128, margin 0.05, order
+    embeddings with the sum of hinges (the schema's defaults), every caption each epoch; hops by
+    variant (:data:`DEFAULT_HOPS`)."""
+    return {"hops": DEFAULT_HOPS[settings.variant], "lr_schedule": "step", "lr_step": 15, "epochs": 30,
+            "early_stop": 30}
+
+
+@register_family("seam")
+def _seam_family(settings: Any) -> ModelSpec:
+    """SEAM: words in, ``|W_t M + b|`` (``W_t`` with bias, table 2) and ``|W_i C(I)|`` (Eq. 4)."""
+    variant = settings.variant
+    kwargs: dict[str, Any] = {"hops": settings.hops or DEFAULT_HOPS[variant], "penalty": settings.penalty}
+    if variant == "G":
+        kwargs["gru_units"] = settings.gru_units
+    return ModelSpec(f"seam_{variant.lower()}", kwargs, text_input="words", text_projection=True,
+                     text_projection_bias=True, absolute=True)

@@ -44,13 +44,19 @@ Readings where the paper is silent (from the released code):
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from train.models.registry import TextEncoder, register_text_encoder
+from train.models.registry import (
+    ModelSpec,
+    TextEncoder,
+    register_family,
+    register_family_defaults,
+    register_text_encoder,
+)
 
 #: Kiros' ``norm_weight``: uniform initialisation in [-0.1, 0.1] of word embeddings and input weights
 INIT_SCALE = 0.1
@@ -133,3 +139,59 @@ class UVSEncoder(TextEncoder):
 def uvs_gru(vocab_size: int, d: int = 1024, word_dim: int = 1024) -> UVSEncoder:
     """UVS / VSE pipelines' encoder: word embedding (``word_dim``) + GRU of ``d`` units, last state."""
     return UVSEncoder(vocab_size, d=d, word_dim=word_dim)
+
+
+#: the FNE paper's table 1: loss, similarity, ``d`` per dataset (f8k, f30k, coco), word embedding size,
+#: learning rate (per dataset where it differs), margin, ``|.|``; PH and POE start with the sum loss
+VSE_PRESETS: dict[str, dict[str, Any]] = {
+    "SH": {"loss": "sum", "measure": "cosine", "d": (1536, 1536, 1536), "word_dim": 1024,
+           "lr": 2e-4, "margin": 0.2, "absolute": False},
+    "SH-bl": {"loss": "sum", "measure": "cosine", "d": (2048, 2048, 2048), "word_dim": (1000, 1000, 2000),
+              "lr": (2e-4, 2e-4, 2.5e-4), "margin": 0.2, "absolute": False},
+    "MH": {"loss": "max", "measure": "cosine", "d": (1024, 1536, 2048), "word_dim": 1024,
+           "lr": 2e-4, "margin": 0.2, "absolute": False},
+    "MH-bl": {"loss": "max", "measure": "cosine", "d": (1024, 1024, 1024), "word_dim": 300,
+              "lr": 2e-4, "margin": 0.2, "absolute": False},
+    "SOE": {"loss": "sum", "measure": "order", "d": (1024, 1024, 1536), "word_dim": 1024,
+            "lr": 1e-3, "margin": 0.05, "absolute": True},
+    "SOE-bl": {"loss": "sum", "measure": "order", "d": (1024, 1024, 1024), "word_dim": 300,
+               "lr": 1e-3, "margin": 0.05, "absolute": True},
+    "MOE": {"loss": "max", "measure": "order", "d": (1536, 1536, 2048), "word_dim": 1536,
+            "lr": 1e-3, "margin": 0.05, "absolute": True},
+    "MOE-bl": {"loss": "max", "measure": "order", "d": (1024, 1024, 1024), "word_dim": 300,
+               "lr": 2e-4, "margin": 0.2, "absolute": False},
+    "PH": {"loss": "sum", "measure": "cosine", "d": (1536, 1536, 1536), "word_dim": 1024,
+           "lr": 2e-4, "margin": 0.2, "absolute": False},
+    "POE": {"loss": "sum", "measure": "order", "d": (1024, 1024, 2048), "word_dim": 1024,
+            "lr": 1e-3, "finetune_lr": 1e-4, "margin": 0.05, "absolute": True},
+}
+#: the curricula: the sum of hinges, then (from the best checkpoint) the max of hinges
+CURRICULA = ("PH", "POE")
+#: which column of table 1 a prepared dataset uses (by its ``dataset`` name); others use COCO's
+PRESET_COLUMN = {"f8k": 0, "flickr8k": 0, "f30k": 1, "flickr30k": 1, "multi30k": 1, "coco": 2}
+
+
+def vse_preset(kind: str, dataset_name: str | None) -> dict[str, Any]:
+    """The table 1 settings of pipeline ``kind`` for a dataset: ``{loss, measure, d, word_dim, lr,
+    margin, absolute[, finetune_lr]}``. Flickr8k and Flickr30k (and Multi30k, Flickr30k's images)
+    have their columns; every other dataset takes COCO's."""
+    column = PRESET_COLUMN.get(dataset_name or "coco", 2)
+    return {k: (v[column] if isinstance(v, tuple) else v) for k, v in VSE_PRESETS[kind].items()}
+
+
+@register_family_defaults("vse")
+def _vse_defaults(settings: Any, dataset_name: str | None) -> dict[str, Any]:
+    """The ``--kind`` preset, plus the FNE paper's training (section 4.3.1): one random caption per
+    image per epoch, batch 128, constant Adam learning rate, gradient clipping at 2, up to 200 epochs.
+    The paper keeps the best validation model of 200 epochs without early stopping; the curricula need
+    "no improvement in the validation set" made concrete: 20 epochs without a better rsum (our choice)."""
+    return {**vse_preset(settings.kind, dataset_name), "captions_per_epoch": "one", "lr_schedule": "constant",
+            "epochs": 200, "early_stop": 20}
+
+
+@register_family("vse")
+def _vse_family(settings: Any) -> ModelSpec:
+    """VSE pipelines: words in, the GRU's last state (``d`` units, no ``W_t``) and ``W_i x`` (no bias),
+    ``|.|`` when ``absolute`` (table 1), L2-normalised."""
+    return ModelSpec("uvs_gru", {"d": settings.d, "word_dim": settings.word_dim}, text_input="words",
+                     text_projection=False, absolute=settings.absolute)
