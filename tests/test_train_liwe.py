@@ -23,6 +23,7 @@ from prep.pipelines import TrainSection, load_pipelines
 from train.checkpoint import load_checkpoint
 from train.data import PairBatch, read_region_counts
 from train.losses import hard_negative_weight, scheduled_contrastive_loss
+from train.models.registry import with_family_defaults
 from train.objectives import ScheduledContrastiveObjective
 from train.runs import load_run
 
@@ -101,7 +102,10 @@ def test_other_families_reject_the_liwe_keys(tmp_path) -> None:
         TrainSection(family="clmr", out="r", loss="max")
     with pytest.raises(ValueError, match="must include lang"):
         TrainSection(family="liwe", out="r", langs=["de"])
-    assert TrainSection(family="liwe", out="r").margin == 0.2  # the family's default (LAVSE)
+    # the family's defaults (LAVSE), applied by the registry as for every family
+    liwe = with_family_defaults(TrainSection(family="liwe", out="r"))
+    assert (liwe.margin, liwe.measure) == (0.2, "cosine")
+    assert with_family_defaults(TrainSection(family="liwe", out="r", margin=0.1)).margin == 0.1
     assert TrainSection(family="chain", out="r").margin == 0.05
     yaml = tmp_path / "pipelines.yaml"
     yaml.write_text("pipelines:\n  p:\n    description: d\n    prep: {dataset: synthetic, out: data}\n"

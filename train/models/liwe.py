@@ -67,6 +67,7 @@ from train.models.registry import (
     TextEncoder,
     count_parameters,
     register_family,
+    register_family_defaults,
     register_text_encoder,
 )
 
@@ -249,6 +250,14 @@ def _region_family(settings: Any, text_encoder: str, text_input: str, text_kwarg
     # the BiGRU's size is the joint space (no W_t); cosine embeddings, so no |.| before the L2 norm
     return ModelSpec(text_encoder, {"d": settings.d, **text_kwargs}, text_input=text_input,
                      image_encoder="nonlocal_regions", text_projection=False, absolute=False)
+
+
+@register_family_defaults("clmr")
+@register_family_defaults("liwe")
+def _region_family_defaults(settings: Any, dataset_name: str | None) -> dict[str, Any]:
+    """LIWE paper section 2.4 and LAVSE: cosine similarity, margin 0.2 (the schema checks that no other
+    measure and no plain max of hinges is asked for: the eta schedule mixes sum and max)."""
+    return {"measure": "cosine", "margin": 0.2}
 
 
 @register_family("clmr")
