@@ -482,7 +482,8 @@ def stage_settings(stage: str, args: argparse.Namespace, **fixed: Any) -> Sectio
             # an option's own value: name the option as typed, with the rule it broke
             source = f" (from pipeline '{name}')" if name and loc not in _given(args) else ""
             raise UserError(f"{opt} {err['input']!r}{source}: {_lower_first(err['msg'])}") from None
-        raise UserError(f"{stage} ({where}): {loc}: {err['msg']}") from None
+        msg = err["msg"].removeprefix("Value error, ")
+        raise UserError(f"{stage} ({where}): {loc + ': ' if loc else ''}{msg}") from None
 
 
 def _given(args: argparse.Namespace) -> set[str]:
