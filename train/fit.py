@@ -182,9 +182,10 @@ def _common_options(p: argparse.ArgumentParser) -> None:
     data = p.add_argument_group("data")
     data.add_argument("--data", metavar="PREPARED", default=None,
                       help="prepared dataset folder written by `prep` (required unless --pipeline gives it)")
-    data.add_argument("--features", metavar="STORE[:global|:fne]", default=None,
-                      help="feature store written by `features`, with the key of the features to use "
-                           "(default key: global if present, else fne)")
+    data.add_argument("--features", metavar="STORE[:global|:fne|:regions]", default=None,
+                      help="feature store written by `features`, with the key of the features to use: "
+                           "global or fne for chain/oecc/seam/vse (default: global if present, else fne), "
+                           "regions for clmr/liwe")
     data.add_argument("--lang", default=None, help="language of the captions to train on (default en)")
     data.add_argument("--max-chars", dest="max_chars", type=int, default=None,
                       help="captions are cut to this many characters (default 256)")
