@@ -550,19 +550,21 @@ def _import(args: argparse.Namespace) -> int:
     print(f"features: imported {', '.join(map(str, result.files))} as {what} of {result.store} "
           f"({result.rows} rows)")
     if result.missing:
-        shown = ", ".join(str(i) for i in result.missing[:5])
-        more = f" and {len(result.missing) - 5} more" if len(result.missing) > 5 else ""
         print(f"features: {len(result.missing)} images of the dataset have no features in the file and are "
-              f"stored invalid (imgid {shown}{more})")
+              f"stored invalid (imgid {_some(result.missing)})")
     if result.extra:
         print(f"features: {len(result.extra)} ids of the file match no image of the dataset (ignored; "
               f"e.g. {', '.join(result.extra[:3])})")
     if result.nonfinite:
-        shown = ", ".join(str(i) for i in result.nonfinite[:5])
-        more = f" and {len(result.nonfinite) - 5} more" if len(result.nonfinite) > 5 else ""
         print(f"features: {len(result.nonfinite)} of {result.rows} imported rows hold NaN or inf and are "
-              f"stored invalid (imgid {shown}{more})")
+              f"stored invalid (imgid {_some(result.nonfinite)})")
     return 0
+
+
+def _some(ids: list[int], shown: int = 5) -> str:
+    """The first ``shown`` ids, comma-separated, and how many more there are."""
+    more = f" and {len(ids) - shown} more" if len(ids) > shown else ""
+    return ", ".join(str(i) for i in ids[:shown]) + more
 
 
 def main(argv: Sequence[str] | None = None) -> int:

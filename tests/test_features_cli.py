@@ -24,6 +24,26 @@ BASE = ["--cnn", "efficientnet_lite0", "--weights", "none", "--crops", "1", "--i
         "--block-size", "4", "--device", "cpu", "--no-progress"]
 
 
+def kill_after_first_block(args: list[str], out: Path) -> np.ndarray:
+    """Run ``features ARGS`` in a subprocess (one torch thread), SIGKILL it as soon as its first block
+    of the store ``out`` is marked done, and return the store's ``blocks_done`` flags (checked to be
+    neither none nor all, so the caller's resume has work left)."""
+    cmd = [sys.executable, "-m", "features", *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    flags = out / "blocks_done" / "c"
+    deadline = time.monotonic() + 120
+    while not (flags.is_dir() and any(flags.iterdir())):
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.monotonic() < deadline, "no block finished in 120 s"
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = FeatureStore(out).blocks_done()
+    assert 1 <= done.sum() < done.size, f"kill came too late to test resumption: {done}"
+    return done
+
+
 # one torch thread: bitwise-reproducible CPU kernels and no oversubscription of a shared machine
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -40,19 +60,7 @@ def run(*args: str) -> int:
 def test_resume_after_sigkill_equals_uninterrupted_run(data, tmp_path):
     out = tmp_path / "killed.zarr"
     small_blocks = [*BASE, "--block-size", "2"]  # 12 blocks: the kill lands mid-run even on a fast CPU
-    cmd = [sys.executable, "-m", "features", "cnn", "--data", str(data), "--out", str(out), *small_blocks]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    flags = out / "blocks_done" / "c"
-    deadline = time.monotonic() + 120
-    while not (flags.is_dir() and any(flags.iterdir())):
-        assert proc.poll() is None, proc.stderr.read().decode()
-        assert time.monotonic() < deadline, "no block finished in 120 s"
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    done = FeatureStore(out).blocks_done()
-    assert 1 <= done.sum() < done.size, f"kill came too late to test resumption: {done}"
+    done = kill_after_first_block(["cnn", "--data", str(data), "--out", str(out), *small_blocks], out)
 
     assert run("cnn", "--data", str(data), "--out", str(out), *small_blocks) == 0
     assert run("cnn", "--data", str(data), "--out", str(tmp_path / "clean.zarr"), *small_blocks) == 0

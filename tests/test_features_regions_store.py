@@ -9,17 +9,14 @@ detector scale, a few real COCO images, one torch thread.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
+from test_features_cli import kill_after_first_block
 from test_features_regions import _dataset, _regions, _write_tsv
 from test_features_store import make_prepared
 
@@ -91,20 +88,8 @@ def test_grid_resume_skips_and_changed_config_is_refused(grid_store, data, capsy
 
 def test_regions_resume_after_sigkill_equals_uninterrupted_run(grid_store, data, tmp_path):
     out = tmp_path / "killed.zarr"
-    cmd = [sys.executable, "-m", "features", "regions", "--data", str(data), "--out", str(out), *GRID,
-           "--block-size", "2"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    flags = out / "blocks_done" / "c"
-    deadline = time.monotonic() + 120
-    while not (flags.is_dir() and any(flags.iterdir())):
-        assert proc.poll() is None, proc.stderr.read().decode()
-        assert time.monotonic() < deadline, "no block finished in 120 s"
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    done = FeatureStore(out).blocks_done()
-    assert 1 <= done.sum() < done.size, f"kill came too late to test resumption: {done}"
+    done = kill_after_first_block(["regions", "--data", str(data), "--out", str(out), *GRID,
+                                   "--block-size", "2"], out)
     assert main(["regions", "--data", str(data), "--out", str(out), *GRID, "--block-size", "2"]) == 0
     resumed, clean = FeatureStore(out), FeatureStore(grid_store)  # clean: block size 5, same numbers
     assert resumed.attrs["summary"]["rows_skipped"] == 2 * int(done.sum())
