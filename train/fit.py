@@ -443,7 +443,7 @@ def _dry_run(settings: TrainSection, alphabet_size: int | None, image_dim: int |
     for part, count in report.items():
         label = part.replace("text_encoder.", "  ").replace("_", " ")
         console.result(f"  {label:<16} {count:>12,}")
-    if spec.text_input == "words" and "text_projection" in report:  # what SEAM's table 2 counts
+    if spec.text_input == "words" and report.get("text_projection"):  # what SEAM's table 2 counts
         console.result(f"  {'text side':<16} {report['text_encoder'] + report['text_projection']:>12,}"
                        "  (text encoder + text projection)")
     if spec.text_input == "word_chars":  # the paper's ~50x: a CLMR word table for the same data
