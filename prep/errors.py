@@ -8,9 +8,12 @@ and the place, and exits with status 2. Everything else is a bug and keeps its t
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 
 class UserError(Exception):
@@ -52,11 +55,68 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
                 add_common_options(sub)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what a batch scheduler sends before killing a job), raised like Ctrl-C.
+
+    A subclass of :class:`KeyboardInterrupt`, so every ``finally`` and every handler written for
+    Ctrl-C also runs on SIGTERM: temporary files are removed and completed work is kept.
+    """
+
+
+#: errno values of a disk that cannot take the write, with what the user can do about each
+_DISK_ERRORS = {
+    errno.ENOSPC: "no space left on the device: free space there (or write elsewhere) and run again",
+    errno.EDQUOT: "disk quota exceeded: free space there (or write elsewhere) and run again",
+    errno.EFBIG: "file too large for that file system: write elsewhere",
+    errno.EROFS: "read-only file system: write elsewhere (or remount it read-write)",
+    errno.EACCES: "permission denied: fix the permissions or write elsewhere",
+    errno.EPERM: "operation not permitted: fix the permissions or write elsewhere",
+    errno.EIO: "input/output error: check the disk (or the network file system) and run again",
+}
+
+@contextlib.contextmanager
+def resume_hint(describe: Callable[[], str | None]) -> Iterator[None]:
+    """While the block runs, a fault or an interruption ends with ``describe()`` (e.g. "3 blocks kept:
+    re-run to resume") appended to the one-line message :func:`run_cli` prints.
+
+    The text is computed when the exception leaves the block (so it counts what was kept by then) and
+    travels on the exception; the innermost hint wins.
+    """
+    try:
+        yield
+    except BaseException as exc:
+        if getattr(exc, "vse_hint", None) is None:
+            with contextlib.suppress(Exception):
+                exc.vse_hint = describe()  # type: ignore[attr-defined]
+        raise
+
+
+def _hint(exc: BaseException) -> str:
+    text = getattr(exc, "vse_hint", None)
+    return f" ({text})" if text else ""
+
+
+def disk_error_message(exc: OSError) -> str | None:
+    """One line for an :class:`OSError` a user can fix (full, read-only or forbidden disk), else None."""
+    reason = _DISK_ERRORS.get(exc.errno or 0)
+    if reason is None:
+        return None
+    where = exc.filename if exc.filename is not None else "a file being written"
+    return f"{where}: {reason}"
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None, prog: str) -> int:
     """Run ``main(argv)``; turn a :class:`UserError` into ``prog: error: ...`` and status 2.
 
     The common options (``--quiet``/``-q``, ``--verbose``/``-v``, ``--traceback``) are taken out of
-    the command line first, wherever they are, and set :mod:`prep.console`'s verbosity.
+    the command line first, wherever they are, and set :mod:`prep.console`'s verbosity. A full,
+    read-only or forbidden disk (:func:`disk_error_message`) is one line and status 2 as well;
+    Ctrl-C and SIGTERM (:class:`Terminated`) are one line and status 130 / 143. Both name what the
+    command kept when it registered a :func:`resume_hint`.
     """
     from prep import console
 
@@ -66,13 +126,27 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
     show_tb = "traceback" in flags or os.environ.get("VSE_TRACEBACK") == "1"
     console.set_verbosity(console.QUIET if "quiet" in flags else
                           console.VERBOSE if "verbose" in flags else console.NORMAL)
+    previous = None
+    with contextlib.suppress(ValueError):  # not the main thread: leave SIGTERM alone
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         return int(main(args) or 0)
     except UserError as exc:
         if show_tb:
             raise
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}{_hint(exc)}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+    except OSError as exc:
+        message = disk_error_message(exc)
+        if message is None or show_tb:
+            raise
+        print(f"{prog}: error: {message}{_hint(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as exc:
+        terminated = isinstance(exc, Terminated)
+        print(f"{prog}: {'terminated' if terminated else 'interrupted'}{_hint(exc)}", file=sys.stderr)
+        return 143 if terminated else 130
+    finally:
+        if previous is not None:
+            with contextlib.suppress(ValueError):
+                signal.signal(signal.SIGTERM, previous)

@@ -21,17 +21,58 @@ def _umask() -> int:
     return mask
 
 
+def _host_tag() -> str:
+    """This machine's name as it appears in temporary file names (no dots, no separators)."""
+    import socket
+
+    return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:40] or "host"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def remove_dead_temporaries(path: str | os.PathLike) -> list[Path]:
+    """Delete the temporary siblings of the file ``path`` left by :func:`atomic_file` writers that died.
+
+    Only temporaries of this machine whose process no longer exists are removed (a live writer's,
+    or another machine's on a shared file system, are left alone); returns what was removed.
+    """
+    path = Path(path)
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.{re.escape(_host_tag())}-(\d+)\.[A-Za-z0-9_]+\.tmp")
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(path.parent):
+            match = pattern.fullmatch(entry.name)
+            if match and entry.is_file(follow_symlinks=False) and not _alive(int(match.group(1))):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    removed.append(Path(entry.path))
+    return removed
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO[Any]]:
     """Open a temporary sibling of ``path`` for writing; on success fsync it and rename it to ``path``.
 
-    On any exception the temporary file is removed and ``path`` is left as it was, so a reader (or a
-    run killed at any instant) only ever sees a complete file. The file gets the permissions of one
-    made by ``open`` (0666 less the umask), not the temporary file's private 0600.
+    On any exception (Ctrl-C and SIGTERM included, see :class:`prep.errors.Terminated`) the temporary
+    file is removed and ``path`` is left as it was, so a reader (or a run killed at any instant) only
+    ever sees a complete file. The temporary's name carries the host and pid of its writer
+    (``.NAME.HOST-PID.XXXX.tmp``), so the next writer of ``path`` removes those of writers that were
+    killed (:func:`remove_dead_temporaries`). The file gets the permissions of one made by ``open``
+    (0666 less the umask), not the temporary file's private 0600.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    remove_dead_temporaries(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_host_tag()}-{os.getpid()}.", suffix=".tmp",
+                               dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as fh:

@@ -1,0 +1,154 @@
+"""The output-path rules every writer follows (``docs/safety.md``).
+
+A command may write a file or a folder only where it cannot destroy what it did not make:
+
+* never over one of the command's own inputs (the same file, or a file inside an input folder);
+* never inside an artifact of the toolkit (a prepared dataset, a feature store, a run directory)
+  unless the command is that artifact's own writer (``owner``);
+* never at ``/`` or at an existing folder where a file is expected;
+* an existing file only with ``overwrite`` (``--overwrite``): otherwise the error names it.
+
+The artifacts are recognised by their markers: a prepared dataset by ``.vse-prepared`` (or its
+``prep.json``), a feature store by its ``zarr.json``, a run directory by ``.vse-run`` (or its
+``config.json`` beside a ``checkpoints/`` folder).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from prep.errors import UserError
+
+#: the marker files of the artifacts (the prepared dataset's is also :data:`prep.dataset.MARKER_FILE`)
+PREPARED_MARKER = ".vse-prepared"
+RUN_MARKER = ".vse-run"
+
+#: what :func:`artifact_kind` calls each artifact in messages
+PREPARED, STORE, RUN = "prepared dataset", "feature store", "run directory"
+
+
+def _resolved(path: str | os.PathLike) -> Path:
+    """``path`` made absolute with every symlink followed (a missing tail is kept as given)."""
+    return Path(os.path.realpath(os.path.abspath(os.fspath(path))))
+
+
+def artifact_kind(path: str | os.PathLike) -> str | None:
+    """Which toolkit artifact the folder ``path`` is: :data:`PREPARED`, :data:`STORE`, :data:`RUN` or None."""
+    path = Path(path)
+    try:
+        if not path.is_dir():
+            return None
+        if (path / PREPARED_MARKER).is_file():
+            return PREPARED
+        if (path / RUN_MARKER).is_file() or ((path / "config.json").is_file()
+                                              and (path / "checkpoints").is_dir()):
+            return RUN
+        if (path / "zarr.json").is_file() and _is_toolkit_store(path / "zarr.json"):
+            return STORE
+        if (path / "prep.json").is_file() and (path / "dataset.json").is_file():
+            return PREPARED
+    except OSError:
+        return None
+    return None
+
+
+def _is_toolkit_store(zarr_json: Path) -> bool:
+    try:
+        if zarr_json.stat().st_size > 1 << 24:
+            return False
+        meta = json.loads(zarr_json.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(meta, dict) and meta.get("node_type") == "group"
+
+
+def enclosing_artifact(path: str | os.PathLike) -> tuple[Path, str] | None:
+    """The innermost artifact folder that holds ``path`` (``path`` itself included), with its kind."""
+    here = _resolved(path)
+    for folder in (here, *here.parents):
+        kind = artifact_kind(folder)
+        if kind is not None:
+            return folder, kind
+    return None
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def check_not_input(path: str | os.PathLike, inputs: Iterable[str | os.PathLike | None],
+                    option: str = "--out") -> None:
+    """Refuse an output ``path`` that is one of ``inputs`` or lies inside an input folder (one line)."""
+    out = _resolved(path)
+    for item in inputs:
+        if item is None:
+            continue
+        src = _resolved(item)
+        if out == src or (src.is_dir() and _inside(out, src)):
+            raise UserError(f"{option} {path}: is an input of this command ({item}); "
+                            "write the output somewhere else")
+
+
+def check_output_file(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike | None] = (),
+                      overwrite: bool = False, owner: str | os.PathLike | None = None,
+                      option: str = "--out") -> Path:
+    """Check that the command may write the file ``path``; returns it as given.
+
+    Args:
+        path: the file the command is about to write (atomically).
+        inputs: files and folders the command reads: the output may be none of them, nor inside one.
+        overwrite: an existing file is replaced only then (``--overwrite``).
+        owner: the artifact folder this command writes (a run directory for ``train evaluate``):
+            ``path`` may lie inside it, but inside no other artifact.
+        option: the option that named ``path``, for the message.
+    """
+    check_not_input(path, inputs, option)
+    out = _resolved(path)
+    if out == Path(out.anchor):
+        raise UserError(f"{option} {path}: is the file system root; give a file name")
+    if out.is_dir():
+        raise UserError(f"{option} {path}: is a folder; give a file name")
+    _check_artifact(out, path, owner, option)
+    if (out.exists() or Path(path).is_symlink()) and not overwrite:
+        raise UserError(f"{option} {path}: exists; add --overwrite to replace it")
+    return Path(path)
+
+
+def check_output_folder(path: str | os.PathLike, names: Iterable[str], *,
+                        inputs: Iterable[str | os.PathLike | None] = (), overwrite: bool = False,
+                        owner: str | os.PathLike | None = None, option: str = "--out") -> Path:
+    """Check that the command may write the files ``names`` into the folder ``path``; returns it.
+
+    The folder may exist and hold other files (they are kept); a file of ``names`` that exists is
+    replaced only with ``overwrite``. ``path`` may be no input of the command, not ``/``, not a file,
+    and lie inside no toolkit artifact but ``owner``.
+    """
+    check_not_input(path, inputs, option)
+    out = _resolved(path)
+    if out == Path(out.anchor):
+        raise UserError(f"{option} {path}: is the file system root; give a folder of its own")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{option} {path}: exists and is not a folder")
+    _check_artifact(out, path, owner, option)
+    if not overwrite:
+        there = [n for n in names if (out / n).exists() or (out / n).is_symlink()]
+        if there:
+            more = f" and {len(there) - 3} more" if len(there) > 3 else ""
+            raise UserError(f"{option} {path}: already holds {', '.join(there[:3])}{more}; "
+                            "add --overwrite to replace them")
+    return Path(path)
+
+
+def _check_artifact(out: Path, given: str | os.PathLike, owner: str | os.PathLike | None,
+                    option: str) -> None:
+    found = enclosing_artifact(out)
+    if found is None:
+        return
+    folder, kind = found
+    if owner is not None and folder == _resolved(owner):
+        return
+    raise UserError(f"{option} {given}: lies inside the {kind} {folder}, which this command does not "
+                    "write; write the output somewhere else")
