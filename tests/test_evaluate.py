@@ -33,9 +33,12 @@ from train.similarity import similarity
 
 
 def full_similarity(images, captions, measure: str, order_sqrt: bool = False) -> np.ndarray:
-    """The whole (N, M) matrix in one call of the eager kernel (the reference scores)."""
-    return similarity(torch.as_tensor(images), torch.as_tensor(captions), measure, order_sqrt,
-                      fused=False).numpy()
+    """The whole (N, M) matrix in one call of the eager kernel (the reference scores); the cosine is
+    that of unit rows, as the evaluator defines it (``unit_rows``, tested on its own below)."""
+    images, captions = torch.as_tensor(images), torch.as_tensor(captions)
+    if measure == "cosine":
+        images, captions = ev.unit_rows(images.float()), ev.unit_rows(captions.float())
+    return similarity(images, captions, measure, order_sqrt, fused=False).numpy()
 
 
 def naive_ranks_of(s: np.ndarray, caption_image: np.ndarray, gt_last: bool = True
@@ -104,10 +107,26 @@ def correlated(im: np.ndarray, caption_image: np.ndarray, seed: int, measure: st
     return (im[caption_image] + noise).astype(np.float32)
 
 
-def tie_data(seed: int, n: int = 37, d: int = 6, shuffle: bool = True):
+def dyadic_unit_rows(x: np.ndarray) -> np.ndarray:
+    """Each quarter-integer row of ``x`` (d >= 4) mapped, as a function of the row (so equal rows stay
+    equal), to a unit vector of four entries +-1/2: its norm is exactly 1, so the evaluator's cosine
+    uses it bit for bit, and every product of two such rows (a multiple of 1/4) is exact."""
+    d = x.shape[1]
+    supports = [c for c in np.ndindex(*(2,) * d) if sum(c) == 4]
+    out = np.zeros_like(x)
+    for r, row in enumerate(x):
+        code = int(np.dot((row * 4).astype(np.int64), 4 ** np.arange(d)))
+        support = np.flatnonzero(supports[code % len(supports)])
+        signs = np.array([1 if (code >> (4 + k)) & 1 else -1 for k in range(4)], np.float32)
+        out[r, support] = signs / 2
+    return out
+
+
+def tie_data(seed: int, n: int = 37, d: int = 6, shuffle: bool = True, unit: bool = False):
     """Quarter-integer embeddings (every score exact in float32 whatever the summation order, so all
     kernels agree bit for bit) with many exact ties: duplicate images, captions duplicated across
-    images, and a few captions equal to an image."""
+    images, and a few captions equal to an image. ``unit``: rows of :func:`dyadic_unit_rows` (for
+    the cosine, which is computed on unit rows)."""
     rng = np.random.default_rng(seed)
     ci = np.repeat(np.arange(n), rng.integers(1, 8, size=n))
     if shuffle:
@@ -120,6 +139,8 @@ def tie_data(seed: int, n: int = 37, d: int = 6, shuffle: bool = True):
         b = int(np.flatnonzero(ci != ci[a])[a % 7])
         cap[b] = cap[a]
     cap[3] = im[ci[3]]
+    if unit:
+        im, cap = dyadic_unit_rows(im), dyadic_unit_rows(cap)
     return im, cap, ci
 
 
@@ -169,7 +190,7 @@ def test_ranks_match_naive_sort_vsepp_layout(measure: str, order_sqrt: bool) -> 
 @pytest.mark.parametrize("blocks", [(5, 9), (None, None)])
 def test_every_kernel_ranks_exact_ties_like_the_naive_sort(kernel, shuffle, blocks) -> None:
     measure, order_kernel = kernel
-    im, cap, ci = tie_data(3, shuffle=shuffle)
+    im, cap, ci = tie_data(3, shuffle=shuffle, unit=measure == "cosine")
     s = full_similarity(im, cap, measure)
     assert len(np.unique(s)) < s.size / 4  # many ties
     ranks = ground_truth_ranks(im, cap, ci, measure, device="cpu", block_images=blocks[0],
@@ -227,19 +248,21 @@ def test_zero_dimensional_embeddings_rank_worst(measure: str) -> None:
 
 def test_overflow_to_infinity_ranks_like_the_naive_sort(kernel) -> None:
     measure, order_kernel = kernel
-    im, cap, ci = tie_data(7, shuffle=False)
-    if measure == "cosine":  # products of 3e38 and +-2 overflow to +-inf (one per pair: no inf - inf)
-        im[2, 0] = 3e38
-        cap[::5, 0] = np.where(np.arange(len(cap[::5])) % 2 == 0, 2.0, -2.0)
-        im[::3, 2] = 2.0
-        cap[9, 2] = 3e38
+    im, cap, ci = tie_data(7, shuffle=False, unit=measure == "cosine")
+    if measure == "cosine":  # rows of 2**120 (products overflow) are scaled back exactly to unit rows
+        im[2] *= 2.0 ** 120
+        im[::7] *= 2.0 ** 100
+        cap[9] *= 2.0 ** 120
+        with np.errstate(over="ignore"):  # unnormalised, this row's products would overflow
+            assert np.isinf(im[2] @ im[2])
     else:  # violations of 1e30 overflow to -inf when squared
         im[2, 0] = 1e30  # lies above every caption there: no violation
         im[7, 1] = -1e30  # -inf with every caption
         cap[4, 0] = 1e30  # -inf with every image
         cap[9, 2] = 1e30
     s = full_similarity(im, cap, measure)
-    assert np.isinf(s).sum() > 40 and not np.isnan(s).any()
+    assert not np.isnan(s).any()
+    assert np.isinf(s).sum() > 40 if measure == "order" else np.isfinite(s).all()
     for blocks in ((5, 9), (None, None)):
         ranks = ground_truth_ranks(im, cap, ci, measure, device="cpu", block_images=blocks[0],
                                    block_captions=blocks[1], order_kernel=order_kernel, log=quiet)
@@ -280,19 +303,47 @@ def test_nan_scores_count_as_ties_against_the_ground_truth() -> None:
     assert ranks.i2t[6] == 60 - 3 + 1 and ranks.t2i[28] == 20 and ranks.nan_scores == 6
     assert ranks.i2t_ties[4] >= 1 and ranks.t2i_ties[30] >= 1
     assert sum("6 similarity scores are NaN" in line for line in lines) == 1
-    # an overflowing cosine product (inf - inf) gives NaN scores too, ranked by the same rule
-    im = np.zeros((3, 64), np.float32)
-    im[0], im[1, 0], im[2, 1] = 3e38, 0.5, 0.5
-    cap = np.zeros((4, 64), np.float32)
-    cap[0, :32], cap[0, 32:], cap[1, 0], cap[2, 1], cap[3] = 2, -2, 1, 1, 0.25
-    ci = np.array([0, 1, 2, 2])
-    s = full_similarity(im, cap, "cosine")  # one tile: the evaluator's own scores
-    assert np.isnan(s[0, 0]) and np.isinf(s[0, 3])
-    ranks = ground_truth_ranks(im, cap, ci, "cosine", device="cpu", log=quiet)
-    i2t, t2i = rule_ranks(s, ci)
-    assert ranks.i2t.tolist() == i2t.tolist() and ranks.t2i.tolist() == t2i.tolist()
-    assert ranks.i2t[0] == 4 and ranks.t2i[0] == 3  # a NaN ground truth: the worst ranks
-    assert ranks.nan_scores == 1
+    # a NaN in a given matrix anywhere else: the same rule, whatever the block shapes
+    for bi, bc in ((20, 60), (1, 1), (3, 11)):
+        again = evaluate_similarities(s, ci, device="cpu", block_images=bi, block_captions=bc, log=quiet)
+        np.testing.assert_array_equal(again["all"].fold_ranks[0].ranks.i2t, i2t)
+        np.testing.assert_array_equal(again["all"].fold_ranks[0].ranks.t2i, t2i)
+
+
+@pytest.mark.parametrize("scale", [1e30, 3e38, 1e-30, 7.0])
+def test_cosine_does_not_depend_on_the_scale_of_the_embeddings(scale: float) -> None:
+    """Cosine scores are those of unit rows: scaling rows (each by its own factor, up to float32's
+    largest values) changes no rank, and no score overflows to NaN on any CPU kernel."""
+    rng = np.random.default_rng(3)
+    ci = vsepp_caption_image(30, 3)
+    im = rng.normal(size=(30, 64))
+    cap = im[ci] + rng.normal(scale=0.8, size=(90, 64))
+    im /= np.linalg.norm(im, axis=1, keepdims=True)
+    cap /= np.linalg.norm(cap, axis=1, keepdims=True)
+    im, cap = im.astype(np.float32), cap.astype(np.float32)
+    base = ground_truth_ranks(im, cap, ci, "cosine", device="cpu", log=quiet)
+    factors = np.where(rng.random(30) < 0.5, scale, 1.0).astype(np.float64)
+    scaled_im = (im.astype(np.float64) * factors[:, None] / np.abs(im).max()).astype(np.float32)
+    scaled_cap = (cap.astype(np.float64) * scale / np.abs(cap).max()).astype(np.float32)
+    assert np.isfinite(scaled_im).all() and np.isfinite(scaled_cap).all()
+    got = ground_truth_ranks(scaled_im, scaled_cap, ci, "cosine", device="cpu", log=quiet)
+    assert got.nan_scores == 0
+    np.testing.assert_array_equal(got.i2t, base.i2t)
+    np.testing.assert_array_equal(got.t2i, base.t2i)
+    res = evaluate_protocols(scaled_im, scaled_cap, ci, "cosine", device="cpu", log=quiet)
+    assert res["all"].metrics.rsum == metrics_from_ranks(base).rsum > 0
+
+
+def test_unit_rows_are_used_bit_for_bit() -> None:
+    from train.evaluate import unit_rows
+
+    t = torch.nn.functional.normalize(torch.randn(50, 16), dim=1)
+    assert unit_rows(t) is t  # a model's own unit vectors: no copy, no rounding
+    t[3] *= 5
+    t[7] = 0
+    u = unit_rows(t)
+    assert u is not t and torch.equal(u[:3], t[:3]) and torch.equal(u[7], t[7])
+    assert abs(float(u[3].norm()) - 1) < 1e-6
 
 
 def test_tie_warning_once_per_evaluation_and_ties_in_the_json() -> None:
@@ -572,7 +623,7 @@ def read_ranks(path) -> list[dict[str, str]]:
 
 
 def test_cli_ranks_csv_with_topk_on_embeddings_and_sims(tmp_path, capsys) -> None:
-    im, cap, ci = tie_data(12, n=30, shuffle=False)
+    im, cap, ci = tie_data(12, n=30, shuffle=False, unit=True)
     ci_k = vsepp_caption_image(30, 3)  # the CLI's layout: k captions per image
     cap = cap[:90]
     cap[3] = im[1]

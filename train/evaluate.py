@@ -18,8 +18,8 @@ high* as the ground truth:
 So a model that scores every candidate alike (a constant caption encoder, d = 0, empty captions,
 scores that overflow to -inf) gets the worst ranks, not the best. The naive reference in the tests
 sorts each query's candidates by descending score, ground truth *last* among equal scores, and takes
-the 1-based position of the first ground truth: the same numbers. A NaN score (e.g. inf - inf in an
-overflowing cosine product, or a NaN in a given matrix) counts as a tie against the ground truth:
+the 1-based position of the first ground truth: the same numbers. A NaN score (a NaN in a given
+similarity matrix) counts as a tie against the ground truth:
 a NaN candidate counts against it, and a NaN ground-truth score lets every candidate count (the
 kernel counts ``candidates - #{S < threshold}``, and every comparison with NaN is false). Each
 direction reports ``ties``, the number of queries whose ground-truth score is tied by at least one
@@ -46,7 +46,9 @@ threshold}`` (for the ties), minus what the tile's own ground-truth pairs contri
 ``topk``, the same pass keeps each query's K best candidates (per-tile top-K merged across tiles;
 ties: lower index first; NaN last, listed as -inf). Peak memory beyond the inputs:
 
-* cosine: the tile, ``block_images x block_captions`` float32 (plus bool tiles of the same shape);
+* cosine: the tile, ``block_images x block_captions`` float32 (plus bool tiles of the same shape); the
+  cosine is that of unit rows (:func:`unit_rows`: any row not of norm 1 is scaled in float64, which
+  copies that side's matrix once; a model's own unit-norm output is used as it is, bit for bit);
 * order on the CPU: the tile (default at most 1024 x 8192, 32 MB; 256 x 1024 at d = 8192), from the
   fused kernels of :func:`train.similarity.order_violation`, which build no broadcast. The
   evaluation chooses the kernel once for all its tiles: the compiled one when the total work
@@ -547,15 +549,34 @@ def _check_caption_image(caption_image: torch.Tensor, n: int, m: int) -> None:
 
 @dataclass(frozen=True)
 class _InputCheck:
-    """What :func:`_check_embeddings` learnt: warnings, and whether a cosine score can overflow."""
+    """What :func:`_check_embeddings` learnt: warnings about usable but suspicious inputs."""
 
     notes: list[str]
-    max_abs_image: float
-    max_abs_caption: float
 
-    def cosine_may_overflow(self, dim: int) -> bool:
-        """Whether ``|<image, caption>| <= d * max|image| * max|caption|`` can reach float32 infinity."""
-        return dim * self.max_abs_image * self.max_abs_caption >= float(torch.finfo(torch.float32).max)
+
+#: a row whose L2 norm is within this of 1 is taken as the model's own unit vector, bit for bit
+UNIT_NORM_TOLERANCE = 1e-5
+
+
+def unit_rows(t: torch.Tensor, block_rows: int = 4096) -> torch.Tensor:
+    """``t`` (R, d) with every row scaled to unit L2 norm, for the cosine: rows already of norm 1
+    (within :data:`UNIT_NORM_TOLERANCE`, what every model of the toolkit outputs) and zero rows are
+    kept bit for bit; when none needs scaling ``t`` itself is returned (no copy).
+
+    Norms and quotients are computed in float64, so rows of any finite scale (1e-30 or 1e30) give
+    the same cosines as their unit versions: the cosine does not depend on scale, and no product of
+    two unit rows can overflow (so a cosine score is never NaN by overflow).
+    """
+    out = t
+    for r0 in range(0, t.shape[0], block_rows):
+        rows = t[r0:r0 + block_rows].double()
+        norms = torch.linalg.vector_norm(rows, dim=1)
+        scale = ((norms - 1).abs() > UNIT_NORM_TOLERANCE) & (norms > 0)
+        if bool(scale.any()):
+            if out is t:
+                out = t.clone()
+            out[r0:r0 + block_rows][scale] = (rows[scale] / norms[scale, None]).to(t.dtype)
+    return out
 
 
 def _check_embeddings(images: torch.Tensor, captions: torch.Tensor,
@@ -570,7 +591,7 @@ def _check_embeddings(images: torch.Tensor, captions: torch.Tensor,
         raise UserError(f"image and caption embeddings differ in size: d = {images.shape[1]} "
                         f"vs {captions.shape[1]}")
     _check_caption_image(caption_image, images.shape[0], captions.shape[0])
-    notes, max_abs = [], []
+    notes = []
     for name, t, other in (("image", images, "t2i"), ("caption", captions, "i2t")):
         low = high = None
         for r0 in range(0, t.shape[0], 4096):
@@ -584,12 +605,11 @@ def _check_embeddings(images: torch.Tensor, captions: torch.Tensor,
             low = block_low if low is None else torch.minimum(low, block_low)
             high = block_high if high is None else torch.maximum(high, block_high)
         constant = low is None or bool((low == high).all())
-        max_abs.append(0.0 if low is None else float(torch.maximum(low.abs(), high.abs()).max()))
         if constant and t.shape[0] > 1:
             notes.append(f"warning: the {name} embeddings are constant (all {t.shape[0]} rows identical, "
                          f"d = {t.shape[1]}): every {name} ties with every other, so {other} ranks are the "
                          "worst possible (ties count against the ground truth)")
-    return _InputCheck(notes, max_abs[0], max_abs[1])
+    return _InputCheck(notes)
 
 
 def _resolve_device(device: str | torch.device | None) -> torch.device:
@@ -716,8 +736,11 @@ def ground_truth_ranks(images: np.ndarray | torch.Tensor, captions: np.ndarray |
     if stats is not None:
         stats.block_images, stats.block_captions = blocks.images, blocks.captions
     kernel = _order_kernel_options(measure, dev, d, img.shape[0] * cap.shape[0] * d, order_kernel, log)
-    # the order violation sums non-negative terms: at worst +inf, never inf - inf
-    nan_possible = measure == "cosine" and check.cosine_may_overflow(d)
+    if measure == "cosine":
+        img, cap = unit_rows(img), unit_rows(cap)
+    # no NaN score: the order violation sums non-negative terms (at worst +inf, never inf - inf) and
+    # a cosine of unit rows is at most 1 in magnitude
+    nan_possible = False
     ranks = _embedding_ranks(img, cap, ci, measure, order_sqrt, dev, blocks, kernel, topk, stats, on_tile,
                              nan_possible)
     for line in check.notes + _problems({"": [ranks]}):
@@ -938,7 +961,9 @@ def evaluate_protocols(images: np.ndarray | torch.Tensor, captions: np.ndarray |
     d = img.shape[1]
     blocks = _blocks(measure, d, dev, block_images, block_captions)
     kernel = _order_kernel_options(measure, dev, d, _fold_work(plan, ci) * d, order_kernel, log)
-    nan_possible = measure == "cosine" and check.cosine_may_overflow(d)
+    if measure == "cosine":  # see ground_truth_ranks
+        img, cap = unit_rows(img), unit_rows(cap)
+    nan_possible = False
 
     def rank_fold(start: int, stop: int, index: torch.Tensor) -> Ranks:
         f_img, f_cap, f_ci = select_images(img, cap, ci, start, stop)
