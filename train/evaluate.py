@@ -157,7 +157,7 @@ class Ranks:
     ``i2t`` (N,) and ``t2i`` (M,): 1-based pessimistic ranks of the ground truth. ``i2t_ties`` /
     ``t2i_ties``: how many of the candidates counted against the ground truth tie with it (equal
     score or NaN); ``rank - ties`` is the optimistic rank. ``nan_scores``: NaN similarities seen
-    (not counted, 0, where none can occur: order violations, cosines of embeddings too small to overflow).
+    (not counted, 0, where none can occur: order violations, cosines of unit rows).
     With ``topk``: ``i2t_topk`` (N, K) caption indices and ``t2i_topk`` (M, K) image indices of
     each query's best candidates (score descending, lower index first among equal scores, NaN last),
     with their scores in ``*_topk_scores``.
