@@ -64,7 +64,7 @@ def test_evaluator_equals_the_vsepp_loops_without_ties(protocol: str) -> None:
     folds = [(0, 5 * FOLD)] if protocol == "5k" else [(f * FOLD, (f + 1) * FOLD) for f in range(5)]
     assert len(result.fold_ranks) == len(folds)
     per_fold = []
-    for (start, stop), fold in zip(folds, result.fold_ranks):
+    for (start, stop), fold in zip(folds, result.fold_ranks, strict=True):
         i2t, t2i = vsepp_ranks(sims[start:stop, 5 * start:5 * stop])
         np.testing.assert_array_equal(fold.ranks.i2t, i2t + 1)
         np.testing.assert_array_equal(fold.ranks.t2i, t2i + 1)
