@@ -317,6 +317,53 @@ class ImportResult:
 IMPORT_CHUNK_BYTES = 64 * 2**20
 
 
+def _size(n: float) -> str:
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def check_real_dtype(dtype: np.dtype, where: str) -> None:
+    """A :class:`UserError` unless ``dtype`` holds real numbers (float, int, uint, bool): a complex array
+    would lose its imaginary part in the float32 cast, and strings or records are no features."""
+    if dtype.kind not in "fiub":
+        what = "complex numbers" if dtype.kind == "c" else f"dtype {dtype}"
+        raise UserError(f"{where}: holds {what}; features must be real numbers (float or integer)")
+
+
+def check_npy_header(npy: Path) -> tuple[tuple[int, ...], np.dtype]:
+    """``(shape, dtype)`` from the header of the ``.npy`` file ``npy``, checked before any data is read.
+
+    One-line :class:`UserError` for a file that is not ``.npy``, whose dtype is not real
+    (:func:`check_real_dtype`), or whose body is shorter than its header claims (a truncated file,
+    or a header forged to claim e.g. 10,000,000 x 1,000 rows on a 1 KB body).
+    """
+    fmt = np.lib.format
+    try:
+        with open(npy, "rb") as fh:
+            version = fmt.read_magic(fh)
+            if version == (1, 0):
+                shape, _, dtype = fmt.read_array_header_1_0(fh)
+            else:
+                shape, _, dtype = fmt.read_array_header_2_0(fh)
+            offset = fh.tell()
+        size = npy.stat().st_size
+    except FileNotFoundError:
+        raise UserError(f"{npy}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{npy}: is a folder, expected a .npy file") from None
+    except (ValueError, SyntaxError, EOFError) as exc:
+        raise UserError(f"{npy}: cannot read as .npy: {exc}") from None
+    check_real_dtype(dtype, str(npy))
+    needed = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if size - offset < needed:
+        raise UserError(f"{npy}: the header says {dtype} {tuple(shape)} ({_size(needed)}), but the file "
+                        f"holds {_size(size - offset)} after it: truncated, or not a .npy file")
+    return tuple(shape), dtype
+
+
 def import_npy(npy: str | os.PathLike, data: str | os.PathLike, split: str, out: str | os.PathLike,
                overwrite: bool = False, name: str = "global") -> ImportResult:
     """Read a precomp ``(n_split_images, C)`` array into the store ``out`` at ``split``'s rows.
@@ -327,6 +374,7 @@ def import_npy(npy: str | os.PathLike, data: str | os.PathLike, split: str, out:
     from before ``overwrite`` deletes anything until the end.
     """
     npy = Path(npy)
+    check_npy_header(npy)
     try:
         x = np.load(npy, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as exc:
@@ -375,6 +423,7 @@ def import_hdf5(h5file: str | os.PathLike, data: str | os.PathLike, out: str | o
                             "only global features can be imported")
         if "imgid" not in h5:
             raise UserError(f"{h5file}: no 'imgid' dataset saying which image each row is")
+        check_real_dtype(h5["global"].dtype, f"{h5file}: 'global'")
         x = np.asarray(h5["global"][:], dtype=np.float32)
         imgid = np.asarray(h5["imgid"][:], dtype=np.int64)
         file_valid = np.asarray(h5["valid"][:], dtype=bool) if "valid" in h5 else np.ones(len(imgid), bool)
