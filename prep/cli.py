@@ -47,6 +47,7 @@ try:
         sha256_file,
         write_json_atomic,
     )
+    from prep.outputs import check_output_folder
     from prep.pipelines import PrepSection, add_pipeline_arguments, stage_settings
     from prep.sources import RawCaption, RawDataset, RawImage
     from prep.tokenize import lone_surrogate, normalize, strip_controls, tokenize, transliterate
@@ -456,6 +457,8 @@ def run_prep(settings: PrepSection, overwrite: bool = False) -> Path:
     out = Path(settings.out).expanduser().resolve()
     try:
         check_not_input(out, _given_inputs(settings))
+        # the shared rules: not /, not a file, inside no store, run or other prepared dataset
+        check_output_folder(out, (), owner=out)
         check_out(out, overwrite)
         raw = None
         if settings.dataset != "synthetic":  # synthetic draws its images into the new folder

@@ -115,6 +115,19 @@ def _out(where: str) -> Callable[[Path], list[str]]:
     return make
 
 
+def _inside_artifact(kind: str) -> Callable[[Path], list[str]]:
+    def make(work: Path) -> list[str]:
+        args = _option()(work)
+        artifact = work / "artifact"
+        artifact.mkdir()
+        if kind == "prepared":
+            (artifact / ".vse-prepared").write_text("{}")
+        else:
+            (artifact / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group"}))
+        return [*args, "--out", str(artifact / "sub")]
+    return make
+
+
 def _symlinked_image(work: Path) -> list[str]:
     args = _option()(work)
     outside = work / "outside"
@@ -152,6 +165,8 @@ HOSTILE = [
     ("--min-word-count 1000000", _option("--min-word-count", "1000000"), "only <pad> and <unk>"),
     ("--out /", _out("root"), "--out"),
     ("--out an existing file", _out("file"), "not a folder"),
+    ("--out inside a prepared dataset", _inside_artifact("prepared"), "lies inside the prepared dataset"),
+    ("--out inside a feature store", _inside_artifact("store"), "lies inside the feature store"),
     ("image symlink leaving --images", _symlinked_image, "outside the images folder"),
     ("folder symlink leaving --images", _symlinked_folder, "outside the images folder"),
 ]
