@@ -43,15 +43,19 @@ def remove_dead_temporaries(path: str | os.PathLike) -> list[Path]:
     """Delete the temporary siblings of the file ``path`` left by :func:`atomic_file` writers that died.
 
     Only temporaries of this machine whose process no longer exists are removed (a live writer's,
-    or another machine's on a shared file system, are left alone); returns what was removed.
+    or another machine's on a shared file system, are left alone); returns what was removed. The
+    ``.NAME.PID.tmp`` names of the writers before this scheme (``features export``) count as this
+    machine's.
     """
     path = Path(path)
-    pattern = re.compile(rf"\.{re.escape(path.name)}\.{re.escape(_host_tag())}-(\d+)\.[A-Za-z0-9_]+\.tmp")
+    name, host = re.escape(path.name), re.escape(_host_tag())
+    pattern = re.compile(rf"\.{name}\.(?:{host}-(?P<pid>\d+)\.[A-Za-z0-9_]+|(?P<old>\d+))\.tmp")
     removed = []
     with contextlib.suppress(OSError):
         for entry in os.scandir(path.parent):
             match = pattern.fullmatch(entry.name)
-            if match and entry.is_file(follow_symlinks=False) and not _alive(int(match.group(1))):
+            pid = int(match["pid"] or match["old"]) if match else 0
+            if match and entry.is_file(follow_symlinks=False) and not _alive(pid):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)
                     removed.append(Path(entry.path))

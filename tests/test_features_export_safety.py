@@ -147,7 +147,8 @@ def test_export_removes_temporaries_of_dead_writers(work):
     out.mkdir()
     pid = _dead_pid()
     stale = [out / f".train_ims.npy.{_host_tag()}-{pid}.ab12cd34.tmp",
-             work / f".f.h5.{_host_tag()}-{pid}.x1.tmp"]
+             work / f".f.h5.{_host_tag()}-{pid}.x1.tmp",
+             out / f".train_ims.npy.{pid}.tmp", work / f".f.h5.{pid}.tmp"]  # as exports before left them
     live = out / f".train_ims.npy.{_host_tag()}-{os.getpid()}.ab12cd34.tmp"  # a live writer's: kept
     for path in [*stale, live]:
         path.write_bytes(b"\0" * 1024)
@@ -192,8 +193,11 @@ def test_export_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, small_di
     assert not [p for p in small_disk.rglob("*") if p.is_file()]
 
 
-def test_hdf5_export_stops_on_ctrl_c(tmp_path):
-    """SIGINT while the HDF5 file is written: exit 130, one line, no file (was: ignored, exit 0)."""
+@pytest.mark.parametrize("signum, status, word", [(signal.SIGINT, 130, "interrupted"),
+                                                  (signal.SIGTERM, 143, "terminated")])
+def test_hdf5_export_stops_on_ctrl_c(tmp_path, signum, status, word):
+    """SIGINT (SIGTERM) while the HDF5 file is written: exit 130 (143), one line, no file (SIGINT was
+    ignored: 'Exception ignored ... KeyboardInterrupt', then exit 0)."""
     data = _prepared(tmp_path / "data", n_train=3000)
     _store(data, tmp_path / "s.zarr", width=2048)
     out = tmp_path / "out"
@@ -209,10 +213,10 @@ def test_hdf5_export_stops_on_ctrl_c(tmp_path):
 
     while not writing() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err[-2000:]
-    assert err.strip() == "features: interrupted"
+    assert proc.returncode == status, err[-2000:]
+    assert err.strip() == f"features: {word}"
     assert list(out.iterdir()) == []
 
 
