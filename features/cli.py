@@ -426,7 +426,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "for regions, SCAN's (n, k, D) with zero padding rows; hdf5: one file (regions "
                         "stores: also boxes, counts, image_size)")
     p.add_argument("--out", metavar="DIR|FILE.h5", required=True,
-                   help="output folder (precomp) or file (hdf5)")
+                   help="output folder (precomp; other files in it are kept) or file (hdf5); never the store,"
+                        " the prepared dataset or a place inside them or another store, dataset or run")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace existing files of the same names (the precomp files, or the hdf5 file)")
     p.add_argument("--split", choices=("train", "val", "test"), action="append", default=None,
                    help="only these splits (repeatable; default all with images)")
     p.add_argument("--allow-invalid", action="store_true",
@@ -512,7 +515,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
     if args.command == "export":
         written = interop.export_store(args.store, args.data, args.format, args.out, splits=args.split,
-                                       allow_invalid=args.allow_invalid)
+                                       allow_invalid=args.allow_invalid, overwrite=args.overwrite)
         for path in written:
             print(f"features: wrote {path}")
         return 0

@@ -14,18 +14,21 @@ TSV) are read by :mod:`features.region_formats` and written by the same block wr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from features.store import REGION_ARRAYS, FeatureStore, RowShape, parse_spec, read_matrix, row_shape
 from prep.dataset import DATASET_FILE, SPLITS, PreparedDataset
 from prep.errors import UserError
-from prep.io import atomic_file, exclusive_lock, sha256_file, write_json_atomic
+from prep.io import atomic_file, deferred_interrupts, exclusive_lock, sha256_file, write_json_atomic
+from prep.outputs import check_output_file, check_output_folder
 
 #: precomp file prefix of each split (VSE++/SCAN call the validation split ``dev``)
 PRECOMP_NAMES = {"train": "train", "val": "dev", "test": "test"}
@@ -33,50 +36,93 @@ PRECOMP_NAMES = {"train": "train", "val": "dev", "test": "test"}
 COCO_5K, COCO_1K = 5000, 1000
 
 
-def _save_npy_atomic(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as fh:
-        np.save(fh, array)
-    os.replace(tmp, path)
+def _precomp_parts(rows: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
+    """``(file prefix, rows)`` of every precomp part: one per split (``dev`` for val); a 5,000-image
+    test split gives ``testall`` (all) and ``test`` (the first 1,000), as SCAN ships COCO."""
+    parts = []
+    for split, r in rows.items():
+        if split == "test" and len(r) == COCO_5K:
+            parts += [("testall", r), ("test", r[:COCO_1K])]
+        else:
+            parts.append((PRECOMP_NAMES[split], r))
+    return parts
+
+
+def _precomp_files(name: str, languages: Sequence[str]) -> list[str]:
+    """The file names :func:`_write_precomp` writes for the part ``name``, in writing order."""
+    caps = [f"{name}_caps.txt" if k == 0 else f"{name}_caps.{lang}.txt" for k, lang in enumerate(languages)]
+    return [f"{name}_ims.npy", *caps, f"{name}_ids.json"]
+
+
+@contextlib.contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """An ``OSError`` without a file name (a write into an open file: a full disk) names ``path``,
+    the file being written, so that :func:`prep.errors.run_cli` can say where in one line."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None and exc.errno is not None:
+            exc.filename = str(path)
+        raise
+
+
+#: bytes handed to one ``write`` call by :func:`_save_npy`
+_NPY_WRITE_BYTES = 16 * 2**20
+
+
+def _save_npy(fh: Any, array: np.ndarray) -> None:
+    """``np.save`` of a C-contiguous array into the open file ``fh``, written by ``fh.write`` in pieces:
+    ``np.save`` goes through ``ndarray.tofile``, whose short write on a full disk is an ``OSError``
+    without an errno (so no one-line message could say what happened)."""
+    np.lib.format.write_array_header_1_0(fh, np.lib.format.header_data_from_array_1_0(array))
+    data = memoryview(array).cast("B")
+    for start in range(0, len(data), _NPY_WRITE_BYTES):
+        fh.write(data[start:start + _NPY_WRITE_BYTES])
 
 
 def export_store(spec: str, data: str | os.PathLike, fmt: str, out: str | os.PathLike,
-                 splits: Sequence[str] | None = None, allow_invalid: bool = False) -> list[Path]:
+                 splits: Sequence[str] | None = None, allow_invalid: bool = False,
+                 overwrite: bool = False) -> list[Path]:
     """Write a finished store as precomp ``.npy`` files (``fmt="precomp"``) or one HDF5 file.
 
-    Rows of failed images are refused (they would be NaN in another codebase) unless
-    ``allow_invalid``; so is a store made for another prepared dataset than ``data``
-    (:func:`features.store.check_store_matches`). Returns the files written.
+    The output is checked first with :mod:`prep.outputs` (never the store, the prepared dataset or
+    anything inside them or inside another toolkit artifact; an existing file of the same name only
+    with ``overwrite``). Rows of failed images are refused (they would be NaN in another codebase)
+    unless ``allow_invalid``; so is a store made for another prepared dataset than ``data``
+    (:func:`features.store.check_store_matches`). Every file is written atomically
+    (:func:`prep.io.atomic_file`). Returns the files written.
     """
+    if fmt not in ("precomp", "hdf5"):
+        raise UserError(f"unknown export format '{fmt}' (precomp or hdf5)")
     dataset = PreparedDataset.load(data)
     path, _ = parse_spec(spec)
-    store = FeatureStore(path)
-    x, valid = read_matrix(spec, dataset)  # refuses a store of another dataset, or a damaged one
     splits = list(splits) if splits else [s for s in SPLITS if dataset.image_rows(s)]
     rows = {s: np.asarray(dataset.image_rows(s), dtype=np.int64) for s in splits}
     for split, r in rows.items():
         if not len(r):
             raise UserError(f"{data}: split '{split}' has no images")
+    inputs = [path, dataset.root]
+    out = Path(out)
+    if fmt == "precomp":
+        names = [f for name, _ in _precomp_parts(rows) for f in _precomp_files(name, dataset.languages)]
+        check_output_folder(out, names, inputs=inputs, overwrite=overwrite)
+    else:
+        check_output_file(out, inputs=inputs, overwrite=overwrite)
+    store = FeatureStore(path)
+    x, valid = read_matrix(spec, dataset)  # refuses a store of another dataset, or a damaged one
+    for split, r in rows.items():
         bad = r[~valid[r]]
         if len(bad) and not allow_invalid:
             raise UserError(f"{path}: {len(bad)} {split} rows are failed images (first imgid {bad[0]}); "
                             "fix or drop them, or pass --allow-invalid to write them as NaN")
-    out = Path(out)
-    if fmt == "precomp":
-        if out.exists() and not out.is_dir():
-            raise UserError(f"{out}: exists and is not a folder; give --out a folder for precomp files")
-        out.mkdir(parents=True, exist_ok=True)
-        written = []
-        for split, r in rows.items():
-            parts = [(PRECOMP_NAMES[split], r)]
-            if split == "test" and len(r) == COCO_5K:
-                parts = [("testall", r), ("test", r[:COCO_1K])]
-            for name, part in parts:
-                written += _write_precomp(out, name, x, part, dataset)
-        return written
     if fmt == "hdf5":
+        del x  # the HDF5 writer reads the store block by block
         return [_export_hdf5(store, dataset, np.concatenate(list(rows.values())), out)]
-    raise UserError(f"unknown export format '{fmt}' (precomp or hdf5)")
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, part in _precomp_parts(rows):
+        written += _write_precomp(out, name, x, part, dataset)
+    return written
 
 
 def _write_precomp(out: Path, name: str, x: np.ndarray, rows: np.ndarray, dataset: PreparedDataset
@@ -88,22 +134,24 @@ def _write_precomp(out: Path, name: str, x: np.ndarray, rows: np.ndarray, datase
     folded to spaces. VSE++/SCAN read caption ``k`` as belonging to image ``k // 5``: the ids file's
     ``captions_per_image`` says whether that holds (one number) or not (a list, one per image).
     """
-    ims = out / f"{name}_ims.npy"
-    _save_npy_atomic(ims, np.ascontiguousarray(x[rows], dtype=np.float32))
+    ims_name, *caps_names, ids_name = _precomp_files(name, dataset.languages)
+    ims = out / ims_name
+    with _naming(ims), atomic_file(ims, "wb") as fh:
+        _save_npy(fh, np.ascontiguousarray(x[rows], dtype=np.float32))
     written = [ims]
     by_image: dict[int, list] = {int(r): [] for r in rows}
     for sent in dataset.sentences:
         if sent.imgid in by_image:
             by_image[sent.imgid].append(sent)
     per_image: dict[str, list[int]] = {}
-    for k, lang in enumerate(dataset.languages):
+    for lang, caps_name in zip(dataset.languages, caps_names, strict=True):
         texts, counts = [], []
         for r in rows:
             caps = [" ".join(s.raw.split()) for s in by_image[int(r)] if s.lang == lang]
             texts += caps
             counts.append(len(caps))
-        file = out / (f"{name}_caps.txt" if k == 0 else f"{name}_caps.{lang}.txt")
-        with atomic_file(file, "w") as fh:
+        file = out / caps_name
+        with _naming(file), atomic_file(file, "w") as fh:
             fh.write("".join(f"{t}\n" for t in texts))
         written.append(file)
         per_image[lang] = counts
@@ -111,8 +159,9 @@ def _write_precomp(out: Path, name: str, x: np.ndarray, rows: np.ndarray, datase
     ids = {"dataset": str(dataset.root), "split": images[0].split if images else None,
            "images": [{"imgid": im.imgid, "cocoid": im.cocoid, "file": _image_file(im)} for im in images],
            "captions_per_image": {lang: (c[0] if len(set(c)) == 1 else c) for lang, c in per_image.items()}}
-    write_json_atomic(out / f"{name}_ids.json", ids)
-    written.append(out / f"{name}_ids.json")
+    with _naming(out / ids_name):
+        write_json_atomic(out / ids_name, ids)
+    written.append(out / ids_name)
     return written
 
 
@@ -121,41 +170,134 @@ def _image_file(image: object) -> str:
     return f"{image.filepath}/{image.filename}" if image.filepath else image.filename
 
 
+class _GuardedFile:
+    """The file h5py writes through (its ``fileobj`` driver), made so that HDF5 never sees an I/O error.
+
+    HDF5 cannot recover from a failed write: every object it closes afterwards fails again (printed as
+    "Exception ignored"), and the process may crash at exit. So the first ``OSError`` (a full disk, a
+    quota) is kept in :attr:`error` and every later call succeeds without touching the disk; the writer
+    calls :meth:`check` between chunks, closes the HDF5 file (which then cannot fail) and raises it.
+    """
+
+    def __init__(self, fd: int, name: Path) -> None:
+        self.fd, self.name = fd, name
+        self.position = 0
+        self.error: OSError | None = None
+
+    def _failed(self, exc: OSError) -> None:
+        if self.error is None:
+            self.error = OSError(exc.errno, exc.strerror, str(self.name))
+
+    def check(self) -> None:
+        """Raise the first write error, naming the output file."""
+        if self.error is not None:
+            raise self.error
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        if whence == os.SEEK_SET:
+            self.position = offset
+        elif whence == os.SEEK_CUR:
+            self.position += offset
+        else:
+            self.position = os.fstat(self.fd).st_size + offset
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        if self.error is None:
+            try:
+                done = 0
+                while done < len(view):
+                    done += os.pwrite(self.fd, view[done:], self.position + done)
+            except OSError as exc:
+                self._failed(exc)
+        self.position += len(view)
+        return len(view)
+
+    def read(self, size: int = -1) -> bytes:
+        if size < 0:
+            size = max(0, os.fstat(self.fd).st_size - self.position)
+        data = b""
+        if self.error is None:
+            try:
+                data = os.pread(self.fd, size, self.position)
+            except OSError as exc:
+                self._failed(exc)
+        self.position += len(data)
+        return data
+
+    def truncate(self, size: int | None = None) -> int:
+        size = self.position if size is None else size
+        if self.error is None:
+            try:
+                os.ftruncate(self.fd, size)
+            except OSError as exc:
+                self._failed(exc)
+        return size
+
+    def flush(self) -> None:
+        pass
+
+
 def _export_hdf5(store: FeatureStore, dataset: PreparedDataset, rows: np.ndarray, out: Path) -> Path:
+    """Write the HDF5 file ``out`` atomically, block by block; Ctrl-C / SIGTERM are taken between blocks
+    and a full disk ends the write, in both cases with the HDF5 file closed first and no temporary left.
+    """
     import h5py
 
     rows = np.sort(rows)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        _write_hdf5(h5py.File(tmp, "w"), store, dataset, rows)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # e.g. a damaged chunk: no half-written file left behind
-        raise
-    os.replace(tmp, out)
+    with deferred_interrupts() as interrupts, _naming(out), atomic_file(out, "wb") as fh:
+        sink = _GuardedFile(fh.fileno(), out)
+
+        def check() -> None:
+            sink.check()
+            interrupts.check()
+
+        h5 = h5py.File(sink, "w")
+        try:
+            _write_hdf5(h5, store, dataset, rows, check)
+        finally:
+            h5.close()
+        sink.check()
     return out
 
 
-def _write_hdf5(file: object, store: FeatureStore, dataset: PreparedDataset, rows: np.ndarray) -> None:
+def _write_hdf5(h5: Any, store: FeatureStore, dataset: PreparedDataset, rows: np.ndarray,
+                check: Callable[[], None]) -> None:
+    """The arrays of ``store`` at ``rows`` (ascending) and the rows' ids into the open file ``h5``;
+    ``check()`` runs after every block of every array."""
     import h5py
 
     names = [n for n in ("global", "fne/raw", "fne/ternary", *REGION_ARRAYS) if store.has(n)]
-    with file as h5:
-        for name in names:
-            h5.create_dataset(name, data=np.asarray(store.array(name)[:])[rows], compression="gzip")
-        for name in ("fne/mean", "fne/std"):
-            if store.has(name):
-                h5.create_dataset(name, data=np.asarray(store.array(name)[:]))
-        h5.create_dataset("imgid", data=rows)
-        h5.create_dataset("valid", data=np.asarray(store.array("valid")[:], dtype=bool)[rows])
-        h5.create_dataset("split", data=np.array([dataset.images[r].split for r in rows], dtype="S5"))
-        images = [dataset.images[r] for r in rows]
-        h5.create_dataset("filename", data=[_image_file(im) for im in images], dtype=h5py.string_dtype())
-        h5.create_dataset("cocoid", data=np.array([-1 if im.cocoid is None else im.cocoid for im in images],
-                                                  dtype=np.int64))
-        attrs = store.attrs
-        h5.attrs["provenance"] = json.dumps(attrs.get("provenance", {}))
-        h5.attrs["config"] = json.dumps(attrs.get("config", {}))
+    for name in names:
+        source = store.array(name)
+        target = h5.create_dataset(name, shape=(len(rows), *source.shape[1:]), dtype=np.dtype(source.dtype),
+                                   compression="gzip")
+        at = 0
+        for b in range(store.n_blocks):
+            start, stop = store.block_rows(b)
+            inside = rows[np.searchsorted(rows, start):np.searchsorted(rows, stop)]
+            if len(inside):
+                target[at:at + len(inside)] = np.asarray(source[start:stop])[inside - start]
+                at += len(inside)
+            check()
+    for name in ("fne/mean", "fne/std"):
+        if store.has(name):
+            h5.create_dataset(name, data=np.asarray(store.array(name)[:]))
+    h5.create_dataset("imgid", data=rows)
+    h5.create_dataset("valid", data=np.asarray(store.array("valid")[:], dtype=bool)[rows])
+    h5.create_dataset("split", data=np.array([dataset.images[r].split for r in rows], dtype="S5"))
+    images = [dataset.images[r] for r in rows]
+    h5.create_dataset("filename", data=[_image_file(im) for im in images], dtype=h5py.string_dtype())
+    h5.create_dataset("cocoid", data=np.array([-1 if im.cocoid is None else im.cocoid for im in images],
+                                              dtype=np.int64))
+    attrs = store.attrs
+    h5.attrs["provenance"] = json.dumps(attrs.get("provenance", {}))
+    h5.attrs["config"] = json.dumps(attrs.get("config", {}))
+    check()
 
 
 @dataclass
@@ -175,6 +317,53 @@ class ImportResult:
 IMPORT_CHUNK_BYTES = 64 * 2**20
 
 
+def _size(n: float) -> str:
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def check_real_dtype(dtype: np.dtype, where: str) -> None:
+    """A :class:`UserError` unless ``dtype`` holds real numbers (float, int, uint, bool): a complex array
+    would lose its imaginary part in the float32 cast, and strings or records are no features."""
+    if dtype.kind not in "fiub":
+        what = "complex numbers" if dtype.kind == "c" else f"dtype {dtype}"
+        raise UserError(f"{where}: holds {what}; features must be real numbers (float or integer)")
+
+
+def check_npy_header(npy: Path) -> tuple[tuple[int, ...], np.dtype]:
+    """``(shape, dtype)`` from the header of the ``.npy`` file ``npy``, checked before any data is read.
+
+    One-line :class:`UserError` for a file that is not ``.npy``, whose dtype is not real
+    (:func:`check_real_dtype`), or whose body is shorter than its header claims (a truncated file,
+    or a header forged to claim e.g. 10,000,000 x 1,000 rows on a 1 KB body).
+    """
+    fmt = np.lib.format
+    try:
+        with open(npy, "rb") as fh:
+            version = fmt.read_magic(fh)
+            if version == (1, 0):
+                shape, _, dtype = fmt.read_array_header_1_0(fh)
+            else:
+                shape, _, dtype = fmt.read_array_header_2_0(fh)
+            offset = fh.tell()
+        size = npy.stat().st_size
+    except FileNotFoundError:
+        raise UserError(f"{npy}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{npy}: is a folder, expected a .npy file") from None
+    except (ValueError, SyntaxError, EOFError) as exc:
+        raise UserError(f"{npy}: cannot read as .npy: {exc}") from None
+    check_real_dtype(dtype, str(npy))
+    needed = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if size - offset < needed:
+        raise UserError(f"{npy}: the header says {dtype} {tuple(shape)} ({_size(needed)}), but the file "
+                        f"holds {_size(size - offset)} after it: truncated, or not a .npy file")
+    return tuple(shape), dtype
+
+
 def import_npy(npy: str | os.PathLike, data: str | os.PathLike, split: str, out: str | os.PathLike,
                overwrite: bool = False, name: str = "global") -> ImportResult:
     """Read a precomp ``(n_split_images, C)`` array into the store ``out`` at ``split``'s rows.
@@ -185,6 +374,7 @@ def import_npy(npy: str | os.PathLike, data: str | os.PathLike, split: str, out:
     from before ``overwrite`` deletes anything until the end.
     """
     npy = Path(npy)
+    check_npy_header(npy)
     try:
         x = np.load(npy, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as exc:
@@ -233,6 +423,7 @@ def import_hdf5(h5file: str | os.PathLike, data: str | os.PathLike, out: str | o
                             "only global features can be imported")
         if "imgid" not in h5:
             raise UserError(f"{h5file}: no 'imgid' dataset saying which image each row is")
+        check_real_dtype(h5["global"].dtype, f"{h5file}: 'global'")
         x = np.asarray(h5["global"][:], dtype=np.float32)
         imgid = np.asarray(h5["imgid"][:], dtype=np.int64)
         file_valid = np.asarray(h5["valid"][:], dtype=bool) if "valid" in h5 else np.ones(len(imgid), bool)

@@ -12,34 +12,49 @@ input (:func:`check_out`, :func:`check_not_input`).
 
 from __future__ import annotations
 
-import argparse
-import errno
-import os
 import sys
-from collections import Counter
-from collections.abc import Sequence
-from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Any
 
-from prep import __version__, console
-from prep.console import progress
-from prep.dataset import (
-    CHARS_FILE,
-    DATASET_FILE,
-    FORMAT_VERSION,
-    MARKER_FILE,
-    RECORD_FILE,
-    SPLITS,
-    WORDS_FILE,
-    foreign_entries,
-    is_prepared_dataset,
-)
-from prep.errors import UserError, add_common_options, run_cli
-from prep.io import atomic_directory, exclusive_lock, remove_stale_siblings, sha256_file, write_json_atomic
-from prep.pipelines import PrepSection, add_pipeline_arguments, stage_settings
-from prep.sources import RawCaption, RawDataset, RawImage
-from prep.tokenize import normalize, tokenize, transliterate
-from prep.vocab import build_char_vocabulary, build_word_vocabulary
+# Ctrl-C while these modules load (a fifth of a second, mostly pydantic) ends like any other
+# interruption of prep: one line and status 130, for `python -m prep` and for the `prep` script alike.
+try:
+    import argparse
+    import errno
+    import os
+    import stat
+    from collections import Counter
+    from collections.abc import Sequence
+    from pathlib import Path, PurePosixPath, PureWindowsPath
+    from typing import Any
+
+    from prep import __version__, console
+    from prep.console import progress
+    from prep.dataset import (
+        CHARS_FILE,
+        DATASET_FILE,
+        FORMAT_VERSION,
+        MARKER_FILE,
+        RECORD_FILE,
+        SPLITS,
+        WORDS_FILE,
+        foreign_entries,
+        is_prepared_dataset,
+    )
+    from prep.errors import UserError, add_common_options, run_cli
+    from prep.io import (
+        atomic_directory,
+        exclusive_lock,
+        remove_stale_siblings,
+        sha256_file,
+        write_json_atomic,
+    )
+    from prep.outputs import check_output_folder
+    from prep.pipelines import PrepSection, add_pipeline_arguments, stage_settings
+    from prep.sources import RawCaption, RawDataset, RawImage
+    from prep.tokenize import lone_surrogate, normalize, strip_controls, tokenize, transliterate
+    from prep.vocab import build_char_vocabulary, build_word_vocabulary, check_coverage
+except KeyboardInterrupt:
+    print("prep: interrupted", file=sys.stderr)
+    raise SystemExit(130) from None
 
 #: how many dropped captions / missing images are listed by name in the summary and ``prep.json``
 LIST_FIRST = 10
@@ -104,10 +119,27 @@ class _Cleaner:
         self.lowercase = lowercase
         self.dropped: Counter = Counter()
         self.dropped_first: list[str] = []
+        self.repaired: Counter = Counter()
+        self.repaired_first: list[str] = []
 
     def clean(self, text: Any, where: str) -> str | None:
+        """The caption as every stage sees it (:func:`prep.tokenize.normalize`), ``None`` when empty.
+
+        A lone surrogate (no valid Unicode text) is an error naming the caption; ANSI escape sequences
+        and control characters are removed and the caption counted as repaired
+        (``repaired.control_characters`` in ``prep.json``).
+        """
         if not isinstance(text, str):
             raise UserError(f"{where}: caption must be a string, got {type(text).__name__}")
+        at = lone_surrogate(text)
+        if at is not None:
+            raise UserError(f"{where}: caption holds a lone surrogate (U+{ord(text[at]):04X}) at character "
+                            f"{at}, which is not Unicode text; fix the source file")
+        text, removed = strip_controls(text)
+        if removed:
+            self.repaired["control_characters"] += 1
+            if len(self.repaired_first) < LIST_FIRST:
+                self.repaired_first.append(where)
         text = normalize(text)
         if not text:
             self.dropped["empty_captions"] += 1
@@ -236,7 +268,8 @@ def build_dataset(raw: RawDataset, settings: PrepSection) -> tuple[dict[str, Any
     pairs = _build_pairs(raw, images, sentid_of, cleaner, {im.key: r for r, im in enumerate(raw.images)})
     dataset = {"dataset": raw.name, "format_version": FORMAT_VERSION, "languages": raw.languages,
                "images_root": str(raw.images_root), "images": images, "pairs": pairs}
-    drops = {"counts": dict(cleaner.dropped), "first_empty_captions": cleaner.dropped_first}
+    drops = {"counts": dict(cleaner.dropped), "first_empty_captions": cleaner.dropped_first,
+             "repaired": dict(cleaner.repaired), "first_repaired": cleaner.repaired_first}
     return dataset, drops
 
 
@@ -279,13 +312,41 @@ def _build_pairs(raw: RawDataset, images: list[dict[str, Any]], sentid_of: dict[
 
 
 def find_missing_images(dataset: dict[str, Any], root: Path) -> list[str]:
-    """Relative paths (``filepath/filename``) of the images not found under ``root``."""
+    """Relative paths (``filepath/filename``) of the images not found under ``root``.
+
+    An image reached through a symbolic link (the file itself, or a folder of its ``filepath``) whose
+    target lies outside ``root`` is refused like a ``..`` component (:func:`check_image_path`):
+    every later stage would read a file from outside the folder given as ``--images``.
+    """
+    real_root = Path(os.path.realpath(root))
+    folders: dict[str, Path] = {}  # filepath -> its real folder (resolved once per folder)
     missing = []
     for im in progress(dataset["images"], desc="checking images", unit="img"):
-        rel = f"{im['filepath']}/{im['filename']}" if im.get("filepath") else im["filename"]
-        if not (root / rel).is_file():
+        folder = im.get("filepath") or ""
+        rel = f"{folder}/{im['filename']}" if folder else im["filename"]
+        if folder not in folders:
+            folders[folder] = Path(os.path.realpath(root / folder))
+            _check_inside(root / folder, folders[folder], real_root, rel)
+        path = folders[folder] / im["filename"]
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            missing.append(rel)
+            continue
+        if stat.S_ISLNK(mode):
+            _check_inside(root / rel, Path(os.path.realpath(path)), real_root, rel)
+            if not path.is_file():
+                missing.append(rel)
+        elif not stat.S_ISREG(mode):
             missing.append(rel)
     return missing
+
+
+def _check_inside(path: Path, real: Path, real_root: Path, rel: str) -> None:
+    if real != real_root and real_root not in real.parents and os.path.lexists(path):
+        raise UserError(f"{path}: image '{rel}' is reached through a symbolic link to {real}, outside the "
+                        f"images folder {real_root}; image paths must stay inside --images (give --images "
+                        f"a folder that holds the images themselves)")
 
 
 def split_counts(dataset: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -396,6 +457,8 @@ def run_prep(settings: PrepSection, overwrite: bool = False) -> Path:
     out = Path(settings.out).expanduser().resolve()
     try:
         check_not_input(out, _given_inputs(settings))
+        # the shared rules: not /, not a file, inside no store, run or other prepared dataset
+        check_output_folder(out, (), owner=out)
         check_out(out, overwrite)
         raw = None
         if settings.dataset != "synthetic":  # synthetic draws its images into the new folder
@@ -448,6 +511,12 @@ def _prepare(settings: PrepSection, out: Path, raw: RawDataset | None) -> dict[s
             raise UserError(f"prep {settings.dataset}: the train split has no captions")
         chars = build_char_vocabulary((s["raw"] for s in train), settings.min_char_count, settings.lowercase)
         words = build_word_vocabulary((s["tokens"] for s in train), settings.min_word_count)
+        for vocabulary, total, what, option in (
+                (chars, sum(len(s["raw"]) for s in train), "characters", "--min-char-count"),
+                (words, sum(len(s["tokens"]) for s in train), "tokens", "--min-word-count")):
+            warning = check_coverage(vocabulary, total, what, option)
+            if warning:
+                console.warning(f"prep: {warning}")
         counts = split_counts(dataset)
         record = {
             "format_version": FORMAT_VERSION, "prep_version": __version__, "dataset": raw.name,
@@ -455,6 +524,7 @@ def _prepare(settings: PrepSection, out: Path, raw: RawDataset | None) -> dict[s
                        for p in progress(raw.inputs, desc="checksums", unit="file")],
             "options": settings.model_dump(mode="json"), "images_root": str(raw.images_root),
             "counts": counts, "dropped": drops["counts"], "dropped_first": drops["first_empty_captions"],
+            "repaired": drops["repaired"], "repaired_first": drops["first_repaired"],
             "excluded": raw.excluded,
             "missing_images": {"count": len(missing), "first": missing[:LIST_FIRST]},
             "notes": raw.notes, "vocabulary": {"chars": len(chars["symbols"]), "words": len(words["tokens"])},
@@ -479,7 +549,10 @@ def summary_line(name: str, record: dict[str, Any], out: Path) -> str:
     miss = record["missing_images"]
     missing = f"{miss['count']} images missing" + (f" (first: {', '.join(miss['first'][:3])})"
                                                     if miss["count"] else "")
+    repaired = ", ".join(f"{v} captions with {k.replace('_', ' ')} removed"
+                         for k, v in record.get("repaired", {}).items())
     return (f"prep {name}: {'; '.join(parts)}; {pairs} pairs; dropped: {dropped}"
+            + (f"; repaired: {repaired}" if repaired else "")
             + (f"; excluded: {excluded}" if excluded else "") + f"; {missing}; "
             f"{record['vocabulary']['chars']} chars, {record['vocabulary']['words']} words -> {out}")
 

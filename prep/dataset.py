@@ -121,6 +121,10 @@ def _read_json(path: Path) -> Any:
         raise UserError(f"{path}: not found (is this a prepared dataset folder? run `prep` first)") from None
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: line {exc.lineno}, column {exc.colno}: invalid JSON: {exc.msg}") from None
+    except RecursionError:
+        raise UserError(f"{path}: JSON nested too deeply to read; not a file written by prep") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def _field(obj: dict, key: str, file: Path, where: str) -> Any:
@@ -277,7 +281,7 @@ def foreign_entries(path: str | os.PathLike) -> list[str]:
 def _record_of(path: Path) -> dict[str, Any]:
     try:
         record = json.loads((path / RECORD_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return record if isinstance(record, dict) else {}
 

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,15 +43,19 @@ def remove_dead_temporaries(path: str | os.PathLike) -> list[Path]:
     """Delete the temporary siblings of the file ``path`` left by :func:`atomic_file` writers that died.
 
     Only temporaries of this machine whose process no longer exists are removed (a live writer's,
-    or another machine's on a shared file system, are left alone); returns what was removed.
+    or another machine's on a shared file system, are left alone); returns what was removed. The
+    ``.NAME.PID.tmp`` names of the writers before this scheme (``features export``) count as this
+    machine's.
     """
     path = Path(path)
-    pattern = re.compile(rf"\.{re.escape(path.name)}\.{re.escape(_host_tag())}-(\d+)\.[A-Za-z0-9_]+\.tmp")
+    name, host = re.escape(path.name), re.escape(_host_tag())
+    pattern = re.compile(rf"\.{name}\.(?:{host}-(?P<pid>\d+)\.[A-Za-z0-9_]+|(?P<old>\d+))\.tmp")
     removed = []
     with contextlib.suppress(OSError):
         for entry in os.scandir(path.parent):
             match = pattern.fullmatch(entry.name)
-            if match and entry.is_file(follow_symlinks=False) and not _alive(int(match.group(1))):
+            pid = int(match["pid"] or match["old"]) if match else 0
+            if match and entry.is_file(follow_symlinks=False) and not _alive(pid):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)
                     removed.append(Path(entry.path))
@@ -84,6 +89,54 @@ def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO[Any]]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+class DeferredInterrupts:
+    """Ctrl-C and SIGTERM noted while a block runs, raised at the writer's next :meth:`check`.
+
+    For writers that call into a library which cannot take an exception at an arbitrary instant
+    (HDF5 through h5py: a ``KeyboardInterrupt`` raised inside its callbacks is printed as "Exception
+    ignored" and lost, and the command goes on). See :func:`deferred_interrupts`.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def _note(self, signum: int, frame: object) -> None:
+        if self.signum is None or signum == signal.SIGTERM:
+            self.signum = signum
+
+    def check(self) -> None:
+        """Raise :class:`KeyboardInterrupt` (or :class:`prep.errors.Terminated`) if one arrived."""
+        from prep.errors import Terminated
+
+        if self.signum == signal.SIGTERM:
+            raise Terminated()
+        if self.signum is not None:
+            raise KeyboardInterrupt()
+
+
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[DeferredInterrupts]:
+    """While the block runs, SIGINT and SIGTERM only set a flag; call ``check()`` at safe points.
+
+    The previous handlers come back when the block ends, and a signal noted but never checked is
+    raised then (when the block itself ended without an exception). Outside the main thread (where
+    handlers cannot be set) ``check()`` never raises and signals keep their usual effect.
+    """
+    state = DeferredInterrupts()
+    previous: dict[int, Any] = {}
+    try:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, state._note)
+    except ValueError:  # not the main thread
+        pass
+    try:
+        yield state
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+    state.check()
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any, indent: int | None = 1) -> None:

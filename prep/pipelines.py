@@ -86,8 +86,9 @@ class PrepSection(Section):
     seed: int = 0
     strict: bool = False
     lowercase: bool = True
-    min_word_count: int = 1
-    min_char_count: int = 1
+    #: a token / character of the train split enters the vocabulary when seen at least this often
+    min_word_count: int = Field(1, ge=1)
+    min_char_count: int = Field(1, ge=1)
 
 
 class FeaturesSection(Section):

@@ -9,6 +9,7 @@ punctuation attached to the word before it ("shiroi sara no ue ni keeki ga oka r
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 from functools import cache
@@ -37,6 +38,33 @@ def _kakasi():
         raise UserError("Japanese captions are romanized with pykakasi, which is not installed (install the "
                         "Japanese extra: pip install 'vse-toolkit[ja]')") from None
     return pykakasi.kakasi()
+
+
+#: what :func:`strip_controls` removes: ANSI escape sequences (CSI such as colours, OSC such as window
+#: titles, and two-character ESC sequences), then every other C0/C1 control character, DEL included,
+#: except the whitespace ones (tab, line feed, vertical tab, form feed, carriage return, NEL) that
+#: :func:`normalize` turns into single spaces
+_CONTROLS = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]"
+                       r"|[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def strip_controls(text: str) -> tuple[str, int]:
+    """``text`` without ANSI escape sequences and control characters, and how many were removed.
+
+    Captions are data, not terminal output: an escape sequence would recolour every terminal that
+    prints the caption, and control characters become symbols of the character alphabet.
+    """
+    if not _CONTROLS.search(text):
+        return text, 0
+    return _CONTROLS.subn("", text)
+
+
+def lone_surrogate(text: str) -> int | None:
+    """The position of the first lone surrogate code point in ``text`` (JSON ``"\\ud800"`` decodes to
+    one; it cannot be encoded as UTF-8, so no tokenizer or file can take it), or ``None``."""
+    found = _SURROGATE.search(text)
+    return None if found is None else found.start()
 
 
 def normalize(text: str) -> str:

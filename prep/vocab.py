@@ -13,6 +13,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from prep.dataset import PAD, UNK
+from prep.errors import UserError
+
+#: share of the train split's occurrences that may fall out of a vocabulary (to ``<unk>``) before prep warns
+UNKNOWN_WARN_SHARE = 0.05
 
 
 def _ordered(counts: Counter, min_count: int) -> list[str]:
@@ -38,3 +42,25 @@ def build_word_vocabulary(token_lists: Iterable[Iterable[str]], min_count: int =
     tokens_kept = [PAD, UNK, *_ordered(counts, min_count)]
     return {"pad": PAD, "unk": UNK, "min_count": min_count, "tokens": tokens_kept,
             "counts": {t: counts[t] for t in tokens_kept[2:]}}
+
+
+def check_coverage(vocabulary: dict[str, Any], total: int, what: str, option: str) -> str | None:
+    """What the ``min_count`` of a built vocabulary left out of the train split's ``total`` occurrences.
+
+    A :class:`UserError` when no symbol is kept (every character or token would read as ``<unk>``);
+    a warning (returned) when more than :data:`UNKNOWN_WARN_SHARE` of the occurrences are left out;
+    else ``None``. ``what`` names the symbols ("characters", "tokens"), ``option`` the command-line
+    option that set ``min_count``.
+    """
+    kept = vocabulary["counts"]
+    min_count = vocabulary["min_count"]
+    if total <= 0:
+        return None
+    if not kept:
+        raise UserError(f"{option} {min_count}: no train-split {what[:-1]} occurs {min_count} times, so "
+                        f"the vocabulary would hold only {PAD} and {UNK}; lower {option}")
+    unknown = 1 - sum(kept.values()) / total
+    if unknown <= UNKNOWN_WARN_SHARE:
+        return None
+    return (f"{option} {min_count} keeps {len(kept)} {what}: {unknown:.0%} of the train split's {what} "
+            f"will read as {UNK}")

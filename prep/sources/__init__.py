@@ -81,6 +81,9 @@ def read_json(path: str | os.PathLike) -> Any:
         raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: line {exc.lineno}, column {exc.colno}: malformed JSON: {exc.msg}") from None
+    except RecursionError:
+        raise UserError(f"{path}: JSON nested too deeply to read (thousands of levels of lists or "
+                        "objects); not an annotation file") from None
 
 
 def read_text(path: str | os.PathLike) -> str:

@@ -56,8 +56,10 @@ def read_karpathy(path: str | os.PathLike, images: str | os.PathLike | None, res
     rows = need(data, "images", path, "top level", list)
     out: list[RawImage] = []
     excluded = 0
+    seen: dict[str, dict[Any, str]] = {"cocoid": {}, "imgid": {}}
     for k, img in enumerate(rows):
         where = f"images[{k}]"
+        _check_unique_ids(img, path, where, seen)
         ksplit = need(img, "split", path, where, str)
         if ksplit not in KARPATHY_SPLITS:
             raise UserError(f"{path}: {where}: unknown split '{ksplit}' "
@@ -85,6 +87,21 @@ def read_karpathy(path: str | os.PathLike, images: str | os.PathLike | None, res
     return RawDataset(name=name or str(data.get("dataset", "coco")), languages=[lang], images=out,
                       images_root=root, inputs=inputs or [path],
                       excluded={"restval_images": excluded} if excluded else {})
+
+
+def _check_unique_ids(img: Any, path: Path, where: str, seen: dict[str, dict[Any, str]]) -> None:
+    """A :class:`UserError` when the image's ``cocoid`` or ``imgid`` was already given to an earlier image
+    of the file (restval images included): ids name one image each, and a repeated one means two
+    entries would share features or an identity in every later stage."""
+    if not isinstance(img, dict):
+        return  # need() names the problem
+    for key, ids in seen.items():
+        value = check_id(img.get(key), path, where, key)
+        if value is None:
+            continue
+        if value in ids:
+            raise UserError(f"{path}: {where}: duplicate image {key} {value!r} (also {ids[value]})")
+        ids[value] = where
 
 
 def _check_unique_filenames(images: list[RawImage]) -> None:

@@ -37,6 +37,8 @@ def _english_by_cocoid(path) -> dict[int, dict[str, Any]]:
         cocoid = check_id(img.get("cocoid"), path, where, "cocoid")
         if cocoid is None:
             continue
+        if cocoid in out:
+            raise UserError(f"{path}: {where}: duplicate cocoid {cocoid!r} (an earlier image has it too)")
         captions = []
         for j, s in enumerate(need(img, "sentences", path, where, list)):
             sw = f"{where}.sentences[{j}]"
