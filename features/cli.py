@@ -24,6 +24,7 @@ import numpy as np
 
 from features.executors import cached_mapper, check_scheduler, open_executor
 from features.extract import ExtractSummary, Mapper, extract, finish_fne, write_ternary
+from features.images import check_sizes
 from features.store import FeatureStore
 from prep.dataset import DATASET_FILE, PreparedDataset
 from prep.errors import DEVICE_HELP, UserError, add_common_options, run_cli
@@ -198,6 +199,7 @@ def run_features(settings: FeaturesSection, overwrite: bool = False, rethreshold
     if rethreshold:
         return rethreshold_store(out, settings.threshold_low, settings.threshold_high)
     _check_thresholds(settings)
+    check_sizes(settings.input_size, None if settings.kind == "regions" else settings.resize)
     check_scheduler(settings.scheduler, settings.workers)
     dataset = _dataset(settings)
     if not dataset.images:
@@ -239,7 +241,8 @@ def _extract_locked(settings: FeaturesSection, dataset: PreparedDataset, out: Pa
     if resuming:
         _recompute_damaged(store)
     with open_executor(settings.scheduler, settings.workers) as executor:
-        summary = extract(store, paths, factory, executor, settings.on_error, progress)
+        summary = extract(store, paths, factory, executor, settings.on_error, progress,
+                          resize=_mapper_resize(settings, mapper))
     if settings.kind == "fne":
         train = np.array([im.split == "train" for im in dataset.images], dtype=bool)
         finish_fne(store, train, settings.threshold_low, settings.threshold_high)
@@ -247,6 +250,14 @@ def _extract_locked(settings: FeaturesSection, dataset: PreparedDataset, out: Pa
                     summary={"rows_written": summary.rows_written, "rows_skipped": summary.rows_skipped,
                              "failed": len(summary.failures), "seconds": round(summary.seconds, 3)})
     return summary
+
+
+def _mapper_resize(settings: FeaturesSection, mapper: Mapper) -> int | None:
+    """The shorter side the crops mapper resizes images to (region mappers bound their own views)."""
+    if settings.kind == "regions":
+        return None
+    backbone = getattr(mapper, "backbone", None)
+    return int(backbone.resize) if backbone is not None else None
 
 
 def _recompute_damaged(store: FeatureStore) -> None:

@@ -8,6 +8,7 @@ resumption. :func:`run_block` does one block wherever it runs (in-process or in 
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -53,6 +54,9 @@ class BlockTask:
     start: int
     paths: tuple[str, ...]
     on_error: str = "record"
+    #: the shorter side the mapper resizes images to (bounds the work per image, see
+    #: :func:`features.images.check_work`); ``None``: the aspect-ratio bound only
+    resize: int | None = None
 
     @property
     def rows(self) -> int:
@@ -92,11 +96,11 @@ class ExtractSummary:
                 f"{len(self.failures)} failed, in {self.seconds:.1f} s ({rate:.1f} images/s) -> {store}")
 
 
-def default_loader(path: str) -> Any:
+def default_loader(path: str, resize: int | None = None) -> Any:
     """``features.images.load_image`` (imported late: workers import it where they run)."""
     from features.images import load_image
 
-    return load_image(path)
+    return load_image(path, resize=resize)
 
 
 def _load(path: str, loader: Callable[[str], Any]) -> Any:
@@ -132,6 +136,8 @@ def read_block(task: BlockTask, loader: Callable[[str], Any] = default_loader,
     naming the file.
     """
     t0 = time.perf_counter()
+    if loader is default_loader and task.resize is not None:
+        loader = functools.partial(default_loader, resize=task.resize)
     with ThreadPoolExecutor(max_workers=max(1, min(decode_threads, task.rows))) as pool:
         loaded = list(pool.map(lambda p: _load(p, loader), task.paths))
     failures, good, images = [], [], []
@@ -180,8 +186,9 @@ def run_block(task: BlockTask, mapper: Mapper, loader: Callable[[str], Any] = de
 
 
 def block_tasks(store: FeatureStore, paths: Sequence[str | Path],
-                on_error: str = "record") -> list[BlockTask]:
-    """One :class:`BlockTask` per block of ``store`` whose flag is not yet set."""
+                on_error: str = "record", resize: int | None = None) -> list[BlockTask]:
+    """One :class:`BlockTask` per block of ``store`` whose flag is not yet set (``resize``: see
+    :attr:`BlockTask.resize`)."""
     if len(paths) != store.n_rows:
         raise UserError(f"{store.path}: has {store.n_rows} rows but the dataset has {len(paths)} images")
     done = store.blocks_done()
@@ -190,7 +197,7 @@ def block_tasks(store: FeatureStore, paths: Sequence[str | Path],
         start, stop = store.block_rows(b)
         if not done[b] and stop > start:
             tasks.append(BlockTask(str(store.path), b, start, tuple(str(p) for p in paths[start:stop]),
-                                   on_error))
+                                   on_error, resize))
     return tasks
 
 
@@ -212,13 +219,14 @@ class _NoBar:
 
 
 def extract(store: FeatureStore, paths: Sequence[str | Path], factory: MapperFactory, executor: Executor,
-            on_error: str = "record", progress: bool = True) -> ExtractSummary:
+            on_error: str = "record", progress: bool = True, resize: int | None = None) -> ExtractSummary:
     """Compute every block not yet done (the loop over blocks), with a progress bar.
 
     The bar counts images (rate and ETA); rows of blocks done by an earlier run count as skipped.
+    ``resize``: the shorter side the mapper resizes images to (bounds the work per image).
     """
     t0 = time.perf_counter()
-    tasks = block_tasks(store, paths, on_error)
+    tasks = block_tasks(store, paths, on_error, resize)
     summary = ExtractSummary(rows_skipped=store.n_rows - sum(t.rows for t in tasks))
     shown = (console.progress(total=store.n_rows, initial=summary.rows_skipped, unit="img", desc="features",
                               smoothing=0.1) if progress else nullcontext(_NoBar()))

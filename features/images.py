@@ -20,6 +20,13 @@ Conversions (chosen so that every photo of COCO / Flickr gives the pixels a view
 Unusable files raise :class:`ImageError` with a short reason: missing, empty, not an image, truncated or
 corrupt data, or more pixels than ``max_pixels`` (a decompression bomb; checked from the header before any
 pixel is decoded).
+
+The work an image may cost is bounded from its header too, before anything is decoded, resized or converted:
+a longer side more than ``max_aspect`` (100) times its shorter side is refused (a 20000x2 strip would become
+2,560,000 x 256 float32 after the resize of its shorter side to 256), and so is an image whose resize to the
+network's scale (``resize``: the shorter side the features resize to) would exceed ``max_resized_pixels``
+(16 Mpx, 192 MiB as a float32 RGB tensor). Such images are recorded as failed like any unusable file.
+:func:`check_sizes` bounds ``--input-size`` / ``--resize`` themselves.
 """
 
 from __future__ import annotations
@@ -36,6 +43,13 @@ from prep.errors import UserError
 DEFAULT_MAX_PIXELS = 89_478_485
 #: Shorter side above which images are reduced while decoding.
 DEFAULT_LARGE_SIDE = 1024
+#: Longest accepted longer side / shorter side: panoramas (up to about 10:1) pass, pixel strips do not.
+DEFAULT_MAX_ASPECT = 100
+#: Most pixels an image may have after the resize of its shorter side to the network's scale.
+DEFAULT_MAX_RESIZED_PIXELS = 16 * 1024 * 1024
+#: Accepted range of ``--input-size`` (the crop or view side a network sees) and the longest ``--resize``.
+INPUT_SIZE_RANGE = (16, 2048)
+MAX_RESIZE = 4096
 
 
 class ImageError(UserError):
@@ -50,17 +64,53 @@ class ImageError(UserError):
         super().__init__(reason if path is None else f"{path}: {reason}")
 
 
+def check_sizes(input_size: int | None = None, resize: int | None = None) -> None:
+    """A one-line :class:`UserError` for an ``--input-size`` outside :data:`INPUT_SIZE_RANGE` or a
+    ``--resize`` outside ``input_size..MAX_RESIZE`` (``None``: the network's own, not checked)."""
+    low, high = INPUT_SIZE_RANGE
+    if input_size is not None and not low <= input_size <= high:
+        raise UserError(f"--input-size {input_size}: must be between {low} and {high} pixels")
+    if resize is not None and not max(low, input_size or low) <= resize <= MAX_RESIZE:
+        raise UserError(f"--resize {resize}: must be between {max(low, input_size or low)} (the crop size) "
+                        f"and {MAX_RESIZE} pixels")
+
+
+def check_work(width: int, height: int, resize: int | None = None, max_aspect: float = DEFAULT_MAX_ASPECT,
+               max_resized_pixels: int = DEFAULT_MAX_RESIZED_PIXELS) -> str | None:
+    """Why an image of ``width`` x ``height`` pixels would cost too much to featurise, else ``None``.
+
+    ``resize``: the shorter side the features resize the image to (``None``: the aspect bound only).
+    """
+    short, long = min(width, height), max(width, height)
+    if short < 1:
+        return "image has no pixels"
+    if long > max_aspect * short:
+        return (f"aspect ratio {width}x{height} is {long / short:.0f}:1, more than {max_aspect:g}:1 "
+                "(a pixel strip, not a photo)")
+    if resize is not None:
+        resized = resize * max(resize, int(resize * long / short))
+        if resized > max_resized_pixels:
+            return (f"{width}x{height} resized to a shorter side of {resize} would have {resized} pixels, "
+                    f"more than {max_resized_pixels}")
+    return None
+
+
 def load_image(
     path: str | Path,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     large_side: int = DEFAULT_LARGE_SIDE,
+    resize: int | None = None,
+    max_aspect: float = DEFAULT_MAX_ASPECT,
+    max_resized_pixels: int = DEFAULT_MAX_RESIZED_PIXELS,
 ) -> Image.Image:
     """Open ``path`` and return it as an 8-bit RGB image with EXIF orientation applied.
 
     ``max_pixels``: images with more pixels (width x height from the header) raise
     ``ImageError("decompression bomb ...")`` before decoding. ``large_side``: images whose shorter side is
-    larger are reduced while decoding (see the module docstring). Raises :class:`ImageError` for missing,
-    empty, unrecognised, truncated or corrupt files.
+    larger are reduced while decoding (see the module docstring). ``resize`` (the shorter side the features
+    will resize to), ``max_aspect``, ``max_resized_pixels``: the work bound of :func:`check_work`, checked
+    from the header. Raises :class:`ImageError` for missing, empty, unrecognised, truncated or corrupt
+    files and for images over a bound.
     """
     path = Path(path)
     if not path.is_file():
@@ -73,6 +123,9 @@ def load_image(
             if width * height > max_pixels:
                 reason = f"decompression bomb: {width}x{height} = {width * height} pixels > {max_pixels}"
                 raise ImageError(reason, path)
+            too_much = check_work(width, height, resize, max_aspect, max_resized_pixels)
+            if too_much:
+                raise ImageError(too_much, path)
             _reduce_while_decoding(img, large_side)
             img.load()
             img = _reduce_after_decoding(img, large_side)
