@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -276,9 +277,21 @@ def _recompute_damaged(store: FeatureStore) -> None:
 
 
 def _check_thresholds(settings: FeaturesSection) -> None:
-    if settings.threshold_low >= settings.threshold_high:
-        raise UserError(f"--threshold-low ({settings.threshold_low}) must be below --threshold-high "
-                        f"({settings.threshold_high})")
+    check_threshold_options(settings.threshold_low, settings.threshold_high)
+
+
+def check_threshold_options(low: float, high: float) -> None:
+    """A one-line :class:`UserError` unless ``--threshold-low`` and ``--threshold-high`` are finite and
+    ``low < high`` (NaN or inf would silently give a ternary code of {0, 1} or all zeros)."""
+    from features.fne import check_thresholds
+
+    for option, value in (("--threshold-low", low), ("--threshold-high", high)):
+        if not math.isfinite(value):
+            raise UserError(f"{option} {value}: must be a finite number")
+    try:
+        check_thresholds(low, high)
+    except ValueError:
+        raise UserError(f"--threshold-low ({low}) must be below --threshold-high ({high})") from None
 
 
 def rethreshold_store(path: Path, low: float, high: float) -> Path:
@@ -287,8 +300,7 @@ def rethreshold_store(path: Path, low: float, high: float) -> Path:
     The new array is written aside and swapped in (:meth:`FeatureStore.replace_ternary`): a kill at
     any point leaves a complete ternary array whose attributes name its thresholds.
     """
-    if low >= high:
-        raise UserError(f"--threshold-low ({low}) must be below --threshold-high ({high})")
+    check_threshold_options(low, high)
     FeatureStore(path)  # a clear error for a path that is not a store, before creating a lock file
     with exclusive_lock(path, "the feature store"):
         store = FeatureStore(path, mode="r+")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 from test_features_cli import BASE
@@ -77,3 +78,60 @@ def test_query_featurizer_refuses_the_strip_in_one_line(data, tmp_path):
     assert cnn(data, out) == 0
     rows, failures = StoreFeaturizer(str(out))([strip_png(tmp_path / "strip.png")])
     assert rows.shape[0] == 0 and "aspect ratio" in failures[0]["reason"]
+
+
+# -- issue 16 item 5: FNE thresholds accept NaN / inf ---------------------------------------------------
+@pytest.fixture
+def fne_store(data, tmp_path) -> Path:
+    """A finished FNE store of the colour mapper (rows 0-4 train), 8 rows in blocks of 3."""
+    from test_features_store import ColourFactory, new_store, paths_of
+
+    from features.executors import InProcessExecutor
+    from features.extract import extract, finish_fne
+
+    out = tmp_path / "f.zarr"
+    store = new_store(out, 8, block=3, name="fne/raw", config={"cnn": "colour", "thresholds": [-0.25, 0.15]})
+    extract(store, paths_of(data), ColourFactory("fne/raw"), InProcessExecutor(), progress=False)
+    finish_fne(store, np.arange(8) < 5, -0.25, 0.15)
+    store.set_attrs(complete=True)
+    return out
+
+
+@pytest.mark.parametrize("low,high", [("nan", "0.15"), ("-inf", "inf"), ("-0.25", "inf"), ("0.2", "0.2")])
+def test_rethreshold_refuses_non_finite_or_unordered_thresholds(fne_store, capsys, low, high):
+    before = FeatureStore(fne_store).array("fne/ternary")[:]
+    assert main(["fne", "--out", str(fne_store), "--rethreshold", f"--threshold-low={low}",
+                 f"--threshold-high={high}"]) == 2
+    assert "--threshold-" in one_line_error(capsys)
+    np.testing.assert_array_equal(FeatureStore(fne_store).array("fne/ternary")[:], before)
+
+
+def test_verify_recomputes_ternary_rows_and_checks_recorded_thresholds(fne_store, data, capsys):
+    from features.verify import verify_store
+
+    assert verify_store(fne_store, data).ok
+    store = FeatureStore(fne_store, mode="r+")
+    tern = store.array("fne/ternary")
+    # what `--threshold-low nan` used to write: no -1 left, the attributes naming the NaN
+    tern[:] = np.maximum(tern[:], 0)
+    report = verify_store(fne_store)
+    assert not report.ok and any("differ from fne/raw" in p for ps in report.blocks.values() for p in ps)
+    assert not report.rows_damaged  # derived from fne/raw: re-derived without re-extracting
+    tern.attrs["thresholds"] = [float("nan"), 0.15]
+    assert main(["verify", str(fne_store)]) == 2
+    out = capsys.readouterr().out
+    assert "recorded thresholds [nan, 0.15] are unusable" in out
+
+
+def test_verify_recomputes_train_statistics_with_the_dataset(fne_store, data):
+    from features.verify import verify_store
+
+    store = FeatureStore(fne_store, mode="r+")
+    store.array("fne/mean")[:] = store.array("fne/mean")[:] * 2 + 1
+    store.array("fne/ternary")[:] = 0  # ternary rows follow the tampered statistics: only stats differ
+    from features.extract import write_ternary
+
+    write_ternary(store, -0.25, 0.15)
+    assert verify_store(fne_store).ok  # without the splits the statistics cannot be recomputed
+    report = verify_store(fne_store, data)
+    assert not report.ok and "differ from the train rows of fne/raw" in " ".join(report.store_problems)
