@@ -135,3 +135,16 @@ def test_verify_recomputes_train_statistics_with_the_dataset(fne_store, data):
     assert verify_store(fne_store).ok  # without the splits the statistics cannot be recomputed
     report = verify_store(fne_store, data)
     assert not report.ok and "differ from the train rows of fne/raw" in " ".join(report.store_problems)
+
+
+# -- issue 16 item 6: lock files follow symlinks -------------------------------------------------------
+def test_features_refuses_a_symlink_planted_at_the_lock(data, tmp_path, capsys):
+    from prep.io import lock_path
+
+    out = tmp_path / "s.zarr"
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    lock_path(out).symlink_to(victim)
+    assert cnn(data, out) == 2
+    assert "is a symlink, not a regular file" in one_line_error(capsys)
+    assert victim.read_text() == "precious" and not out.exists()
