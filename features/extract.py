@@ -261,12 +261,13 @@ def finish_fne(store: FeatureStore, train_rows: np.ndarray, low: float, high: fl
         raise UserError(f"{store.path}: no valid train-split rows to compute the FNE statistics from")
     mean, std = fne_statistics(store.array("fne/raw"), rows, chunk_rows=max(store.block_size, 1024))
     width = store.array("fne/raw").shape[1]
-    for name, values in (("fne/mean", mean), ("fne/std", std)):
-        if not store.has(name):
-            store.group.create_array(name, shape=(width,), chunks=(width,), dtype="float32",
-                                     fill_value=np.nan, config=ARRAY_CONFIG)
-        store.array(name)[:] = np.asarray(values, dtype=np.float32)
-    write_ternary(store, low, high)
+    with store.rewriting("features fne: statistics and fne/ternary"):
+        for name, values in (("fne/mean", mean), ("fne/std", std)):
+            if not store.has(name):
+                store.group.create_array(name, shape=(width,), chunks=(width,), dtype="float32",
+                                         fill_value=np.nan, config=ARRAY_CONFIG)
+            store.array(name)[:] = np.asarray(values, dtype=np.float32)
+        write_ternary(store, low, high)
 
 
 def write_ternary(store: FeatureStore, low: float, high: float) -> None:

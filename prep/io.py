@@ -153,6 +153,33 @@ def _open_lock_file(path: Path, target: str | os.PathLike, what: str) -> int:
     return fd
 
 
+def lock_holder(target: str | os.PathLike) -> str | None:
+    """Who holds the writer lock of ``target`` (the line :func:`exclusive_lock` records), or ``None``.
+
+    For readers: the lock file is never created, nor followed through a symlink, and only a
+    momentary shared ``flock`` is tried (a writer that meets it looks again). ``None`` also when the
+    lock cannot be tested (no lock file, a filesystem without ``flock``).
+    """
+    import fcntl
+
+    try:
+        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        fd = os.open(lock_path(target), flags)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.read(fd, 4096).decode("utf-8", "replace").strip() or "another process"
+        except OSError:
+            return None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 def _file_kind(mode: int) -> str:
     import stat
 
@@ -186,13 +213,21 @@ def exclusive_lock(target: str | os.PathLike, what: str = "this output") -> Iter
 
     path = lock_path(target)
     path.parent.mkdir(parents=True, exist_ok=True)
+    attempts_left = 10
     while True:
         fd = _open_lock_file(path, target, what)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "another process"
+            holder = os.read(fd, 4096).decode("utf-8", "replace").strip()
             os.close(fd)
+            if not holder and attempts_left > 0:
+                # no holder text: a reader's momentary shared lock (lock_holder), or a writer that has
+                # not written its line yet; look again shortly
+                attempts_left -= 1
+                time.sleep(0.05)
+                continue
+            holder = holder or "another process"
             raise UserError(f"{target}: {what} is being written by {holder}; wait for it to finish "
                             f"(or stop it) and run again") from None
         except OSError:

@@ -18,6 +18,7 @@ from test_features_store import make_prepared
 from features.cli import main
 from features.images import ImageError, load_image
 from features.store import FeatureStore, read_matrix
+from prep.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -148,3 +149,123 @@ def test_features_refuses_a_symlink_planted_at_the_lock(data, tmp_path, capsys):
     assert cnn(data, out) == 2
     assert "is a symlink, not a regular file" in one_line_error(capsys)
     assert victim.read_text() == "precious" and not out.exists()
+
+
+# -- issue 16 item 9: training reads a store that verify calls damaged ----------------------------------
+@pytest.fixture(scope="module")
+def cnn_store(data, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("cnn") / "s.zarr"
+    assert cnn(data, out) == 0
+    return out
+
+
+@pytest.mark.parametrize("damage", ["imgid", "unrecorded-invalid", "recorded-but-valid"])
+def test_reader_refuses_rows_that_disagree_with_their_records(cnn_store, tmp_path, damage):
+    import shutil
+
+    out = tmp_path / "s.zarr"
+    shutil.copytree(cnn_store, out)
+    store = FeatureStore(out, mode="r+")
+    if damage == "imgid":
+        store.array("imgid")[2:4] = [3, 2]
+        expected = "row 2 holds imgid 3"
+    elif damage == "unrecorded-invalid":
+        store.array("valid")[5] = False
+        expected = "imgid 5 is invalid without a recorded failure"
+    else:
+        store.array("failures")[3] = '[{"imgid": 6, "path": "x.jpg", "reason": "truncated file"}]'
+        expected = "imgid 6 is recorded as failed but marked valid"
+    with pytest.raises(UserError, match=expected) as err:
+        read_matrix(str(out))
+    assert "features verify" in str(err.value) and "--repair" in str(err.value)
+    from features.verify import verify_store
+
+    assert not verify_store(out).ok  # and verify agrees
+
+
+# -- issue 22 item 6: readers see a half-rewritten store ------------------------------------------------
+def synthetic_fne_store(path: Path, rows: int = 96, width: int = 24, seed: int = 0) -> Path:
+    """A finished FNE store of random activations in blocks of 2 rows (48 chunk files per array)."""
+    from features.extract import finish_fne
+
+    store = FeatureStore.create(path, np.arange(rows), {"fne/raw": width}, 2, {"cnn": "random"},
+                                {"network": "random"}, overwrite=path.exists())
+    raw = np.random.default_rng(seed).normal(size=(rows, width)).astype(np.float32)
+    for b in range(store.n_blocks):
+        start, stop = store.block_rows(b)
+        store.write_block(b, {"fne/raw": raw[start:stop]}, np.ones(stop - start, dtype=bool), [])
+    finish_fne(store, np.arange(rows) < rows // 2, -0.25, 0.15)
+    store.set_attrs(complete=True)
+    return path
+
+
+def race(reader, writer, seconds: float = 4.0, pause: float = 0.3) -> tuple[list, list[str]]:
+    """Run ``writer()`` in a loop in a thread (``pause`` seconds between calls) while this thread calls
+    ``reader()``; the reader's results and the messages of its UserErrors."""
+    import threading
+    import time
+
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def loop():
+        try:
+            while not stop.is_set():
+                writer()
+                time.sleep(pause)  # a moment between rewrites: some reads complete, some overlap
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    results, refused = [], []
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            try:
+                results.append(reader())
+            except UserError as exc:
+                refused.append(str(exc))
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors, errors
+    return results, refused
+
+
+def test_reader_racing_rethreshold_sees_one_version_or_is_told(tmp_path):
+    from features.cli import rethreshold_store
+    from features.fne import ternarize
+
+    path = synthetic_fne_store(tmp_path / "f.zarr")
+    store = FeatureStore(path)
+    raw, mean, std = store.array("fne/raw")[:], store.array("fne/mean")[:], store.array("fne/std")[:]
+    versions = [ternarize(raw, mean, std, *t) for t in ((-0.25, 0.15), (-1.0, 1.0))]
+    turn = iter(range(10**9))
+
+    def writer():
+        rethreshold_store(path, *((-1.0, 1.0) if next(turn) % 2 == 0 else (-0.25, 0.15)))
+
+    results, refused = race(lambda: read_matrix(f"{path}:fne", keep_dtype=True)[0], writer, pause=0.05)
+    mixed = [x for x in results if not any(np.array_equal(x, v) for v in versions)]
+    assert not mixed, f"{len(mixed)} of {len(results)} reads mixed two versions"
+    assert refused and results, (len(refused), len(results))
+    assert all("being rewritten" in m or "rewritten" in m or "being written" in m for m in refused), refused
+
+
+def test_reader_racing_overwrite_sees_one_version_or_is_told(tmp_path):
+    path = synthetic_fne_store(tmp_path / "f.zarr", seed=0)
+    versions = [FeatureStore(path).array("fne/raw")[:]]
+    versions.append(FeatureStore(synthetic_fne_store(tmp_path / "g.zarr", seed=1)).array("fne/raw")[:])
+    turn = iter(range(10**9))
+
+    def writer():
+        from prep.io import exclusive_lock
+
+        with exclusive_lock(path, "the feature store"):
+            synthetic_fne_store(path, seed=next(turn) % 2 or 1)
+
+    results, refused = race(lambda: read_matrix(f"{path}:fne_raw"), writer)
+    bad = [x for x, valid in results if not valid.all() or not any(np.array_equal(x, v) for v in versions)]
+    assert not bad, f"{len(bad)} of {len(results)} reads returned rows of no complete version"
+    assert refused and results, (len(refused), len(results))
