@@ -188,13 +188,15 @@ def store_config(settings: FeaturesSection, mapper: Mapper, images_sha256: str,
 
 
 def run_features(settings: FeaturesSection, overwrite: bool = False, rethreshold: bool = False,
-                 progress: bool = True) -> Path:
+                 progress: bool = True, retry_failed: bool = False) -> Path:
     """Run ``features cnn|fne|regions`` with resolved ``settings``; return the store's path.
 
     Resumes a store made with the same configuration (recomputing finished blocks whose chunk
     files are missing or empty), refuses one made with another (unless ``overwrite``).
     ``rethreshold`` (fne only) rewrites only the ternary array. The store's lock is held from
-    before anything is deleted until the end, Dask runs included (the driver holds it).
+    before anything is deleted until the end, Dask runs included (the driver holds it). Images whose
+    failure may be transient (missing file, I/O error, truncated file) are retried on resume;
+    ``retry_failed`` retries every recorded failure.
     """
     out = Path(settings.out)
     if rethreshold:
@@ -208,13 +210,13 @@ def run_features(settings: FeaturesSection, overwrite: bool = False, rethreshold
     # Locked before the model is loaded (a second writer is told at once) and before --overwrite
     # deletes anything; released by the kernel if this process dies.
     with exclusive_lock(out, "the feature store"):
-        summary = _extract_locked(settings, dataset, out, overwrite, progress)
+        summary = _extract_locked(settings, dataset, out, overwrite, progress, retry_failed)
     _print_summary(summary, out)
     return out
 
 
 def _extract_locked(settings: FeaturesSection, dataset: PreparedDataset, out: Path, overwrite: bool,
-                    progress: bool) -> ExtractSummary:
+                    progress: bool, retry_failed: bool = False) -> ExtractSummary:
     """The body of :func:`run_features`, run while holding the store's lock."""
     dataset_sha = sha256_file(dataset.root / DATASET_FILE)
     images_sha = dataset.images_fingerprint()
@@ -241,6 +243,7 @@ def _extract_locked(settings: FeaturesSection, dataset: PreparedDataset, out: Pa
                                         dtypes=getattr(mapper, "dtypes", None))
     if resuming:
         _recompute_damaged(store)
+        _retry_failures(store, retry_failed)
     with open_executor(settings.scheduler, settings.workers) as executor:
         summary = extract(store, paths, factory, executor, settings.on_error, progress,
                           resize=_mapper_resize(settings, mapper))
@@ -274,6 +277,22 @@ def _recompute_damaged(store: FeatureStore) -> None:
         print(f"features: {len(damaged)} finished block(s) of {store.path} are damaged (block {first}: "
               f"{damaged[first][0]}); recomputing them", file=sys.stderr)
         store.clear_blocks(sorted(damaged))
+
+
+def _retry_failures(store: FeatureStore, everything: bool = False) -> None:
+    """Clear the flags of finished blocks holding failures that may be transient (all failures with
+    ``everything``), so that this run computes those blocks again."""
+    from features.images import is_transient
+
+    failures = [f for f in store.block_failures() if everything or is_transient(f["reason"])]
+    blocks = sorted({int(f["imgid"]) // store.block_size for f in failures} & set(
+        int(b) for b in np.flatnonzero(store.blocks_done())))
+    if blocks:
+        what = ("recorded failures" if everything
+                else "failures that may be transient (missing file, I/O error, truncated file)")
+        print(f"features: retrying {len(failures)} image(s) with {what}: recomputing {len(blocks)} block(s)",
+              file=sys.stderr)
+        store.clear_blocks(blocks)
 
 
 def _check_thresholds(settings: FeaturesSection) -> None:
@@ -378,6 +397,9 @@ def _extraction_options(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="delete an existing store at --out and start over (default: resume it)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="recompute the blocks of every recorded failure (a re-run always retries failures "
+                        "that may be transient: missing file, I/O error, truncated file)")
     if fne:
         p.add_argument("--threshold-low", type=float, metavar="X", default=None,
                        help="ternary threshold: standardised values below it map to -1 (default -0.25)")
@@ -529,7 +551,7 @@ def _main(argv: Sequence[str] | None) -> int:
                 args.min_boxes is not None or args.max_boxes is not None):
             settings = settings.model_copy(update={"fixed_boxes": None})  # --min/--max-boxes: adaptive
         run_features(settings, overwrite=args.overwrite, rethreshold=getattr(args, "rethreshold", False),
-                     progress=not args.no_progress)
+                     progress=not args.no_progress, retry_failed=args.retry_failed)
         return 0
     from features import interop
 

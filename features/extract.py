@@ -149,7 +149,39 @@ def read_block(task: BlockTask, loader: Callable[[str], Any] = default_loader,
         else:
             good.append(k)
             images.append(item)
+    check_images_available(failures)
     return LoadedBlock(task, images, good, failures, time.perf_counter() - t0)
+
+
+#: this many transient failures (missing file, I/O error) in a row stop the run: the images folder looks
+#: unavailable, and recording them all would only make a re-run recompute them
+MAX_TRANSIENT_IN_A_ROW = 16
+
+
+class ImagesUnavailable(UserError):
+    """The images folder looks unavailable (vanished, unmounted): the block is not written."""
+
+
+def check_images_available(failures: list[dict[str, Any]]) -> None:
+    """Raise :class:`ImagesUnavailable` when a block's failures say the folder is gone, not the images:
+    a missing file whose folder is missing too, or :data:`MAX_TRANSIENT_IN_A_ROW` consecutive rows that
+    failed transiently (``failures``: the block's records, in row order)."""
+    from features.images import is_transient
+
+    run, last = 0, None
+    for f in failures:
+        if not is_transient(f["reason"]):
+            run, last = 0, None
+            continue
+        folder = Path(f["path"]).parent
+        if f["reason"] == "missing file" and not folder.is_dir():
+            raise ImagesUnavailable(f"{folder}: the images folder looks unavailable (it is missing; imgid "
+                                    f"{f['imgid']}: {f['path']})")
+        run = run + 1 if last is not None and f["imgid"] == last + 1 else 1
+        last = f["imgid"]
+        if run >= MAX_TRANSIENT_IN_A_ROW:
+            raise ImagesUnavailable(f"{folder}: the images folder looks unavailable ({run} images in a row "
+                                    f"failed, the last imgid {f['imgid']}: {f['reason']})")
 
 
 def map_and_write(block: LoadedBlock, mapper: Mapper) -> BlockResult:
@@ -230,6 +262,20 @@ def extract(store: FeatureStore, paths: Sequence[str | Path], factory: MapperFac
     summary = ExtractSummary(rows_skipped=store.n_rows - sum(t.rows for t in tasks))
     shown = (console.progress(total=store.n_rows, initial=summary.rows_skipped, unit="img", desc="features",
                               smoothing=0.1) if progress else nullcontext(_NoBar()))
+    try:
+        _run_blocks(store, tasks, factory, executor, summary, shown)
+    except ImagesUnavailable as exc:
+        kept = int(store.blocks_done().sum())
+        raise UserError(f"{exc}; {kept} of {store.n_blocks} blocks kept, the failing block not written: "
+                        "bring the images back and re-run the same command to resume") from None
+    summary.failures = store.block_failures()
+    summary.seconds = time.perf_counter() - t0
+    return summary
+
+
+def _run_blocks(store: FeatureStore, tasks: list[BlockTask], factory: MapperFactory, executor: Executor,
+                summary: ExtractSummary, shown: Any) -> None:
+    """The loop of :func:`extract`: run the tasks, count the results into ``summary``, show progress."""
     with shown as bar:
         for result in executor.run(tasks, factory):
             if result.already_done:
@@ -243,9 +289,6 @@ def extract(store: FeatureStore, paths: Sequence[str | Path], factory: MapperFac
             if result.failures:
                 bar.set_postfix(failed=len(summary.failures) + len(result.failures))
             summary.failures.extend(result.failures)
-    summary.failures = store.block_failures()
-    summary.seconds = time.perf_counter() - t0
-    return summary
 
 
 def finish_fne(store: FeatureStore, train_rows: np.ndarray, low: float, high: float) -> None:

@@ -18,8 +18,9 @@ Conversions (chosen so that every photo of COCO / Flickr gives the pixels a view
 - Tiny images (down to 1x1) load as they are; the resize to the network's scale upsamples them.
 
 Unusable files raise :class:`ImageError` with a short reason: missing, empty, not an image, truncated or
-corrupt data, or more pixels than ``max_pixels`` (a decompression bomb; checked from the header before any
-pixel is decoded).
+corrupt data, an I/O error of the filesystem (missing, truncated and I/O errors may be transient:
+:func:`is_transient`), or more pixels than ``max_pixels`` (a decompression bomb; checked from the header
+before any pixel is decoded).
 
 The work an image may cost is bounded from its header too, before anything is decoded, resized or converted:
 a longer side more than ``max_aspect`` (100) times its shorter side is refused (a 20000x2 strip would become
@@ -62,6 +63,21 @@ class ImageError(UserError):
         self.reason = reason
         self.path = None if path is None else str(path)
         super().__init__(reason if path is None else f"{path}: {reason}")
+
+    @property
+    def transient(self) -> bool:
+        """Whether the failure may go away by itself (see :func:`is_transient`)."""
+        return is_transient(self.reason)
+
+
+#: reasons of failures that may go away by themselves (a folder briefly unmounted or moved, a file still
+#: being copied, a network filesystem's hiccup): a plain re-run of the extraction retries them
+TRANSIENT_REASONS = ("missing file", "truncated file", "I/O error")
+
+
+def is_transient(reason: str) -> bool:
+    """Whether a failure ``reason`` (as :class:`ImageError` words it) may be transient."""
+    return str(reason).startswith(TRANSIENT_REASONS)
 
 
 def check_sizes(input_size: int | None = None, resize: int | None = None) -> None:
@@ -113,9 +129,15 @@ def load_image(
     files and for images over a bound.
     """
     path = Path(path)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise ImageError("missing file", path) from None
+    except OSError as exc:
+        raise ImageError(f"I/O error ({exc.strerror or exc})", path) from None
     if not path.is_file():
-        raise ImageError("missing file", path)
-    if path.stat().st_size == 0:
+        raise ImageError("not a file", path)
+    if size == 0:
         raise ImageError("empty file", path)
     try:
         with Image.open(path) as img:
@@ -137,7 +159,14 @@ def load_image(
         raise ImageError(f"decompression bomb: {exc}", path) from exc
     except UnidentifiedImageError as exc:
         raise ImageError("not a recognised image file", path) from exc
-    except (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError) as exc:
+    except OSError as exc:
+        if exc.errno is not None:  # the filesystem failed, not the image data (PIL's errors have none)
+            raise ImageError(f"I/O error ({exc.strerror or exc})", path) from exc
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "truncat" in reason.lower():
+            raise ImageError("truncated file", path) from exc
+        raise ImageError(f"corrupt image data ({reason})", path) from exc
+    except (SyntaxError, ValueError, EOFError, IndexError, TypeError) as exc:
         # PIL signals truncated / corrupt data with these (e.g. "image file is truncated").
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if "truncat" in reason.lower():

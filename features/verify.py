@@ -55,6 +55,8 @@ class VerifyReport:
     rows_damaged: set[int] = field(default_factory=set)
     store_problems: list[str] = field(default_factory=list)
     repaired: bool = False
+    #: the images the finished blocks record as failed (imgid, path, reason)
+    failures: list[dict] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -70,6 +72,17 @@ class VerifyReport:
         if len(self.blocks) > limit:
             out.append(f"  ... and {len(self.blocks) - limit} more damaged blocks")
         out.extend(f"  {p}" for p in self.store_problems)
+        if self.failures:
+            from features.images import is_transient
+
+            transient = sum(is_transient(f.get("reason", "")) for f in self.failures)
+            again = (f"; {transient} may be transient (missing file, I/O error, truncated file): the store's "
+                     "command retries them when run again" if transient else "")
+            out.append(f"  {len(self.failures)} image(s) recorded as failed (rows invalid){again}")
+            out.extend(f"  failed imgid {f.get('imgid')}: {f.get('path')}: {f.get('reason')}"
+                       for f in self.failures[:limit])
+            if len(self.failures) > limit:
+                out.append(f"  ... and {len(self.failures) - limit} more failed images")
         return out
 
 
@@ -213,6 +226,19 @@ def _check_ternary_sample(raw: np.ndarray, ternary: np.ndarray, valid: np.ndarra
         return []
     return [f"{TERNARY}: rows {_few(differ)} differ from fne/raw with the recorded statistics and "
             f"thresholds {recipe.low} / {recipe.high}"]
+
+
+def _recorded_failures(store: FeatureStore, blocks: list[int]) -> list[dict]:
+    """The failure records of ``blocks`` (unreadable or malformed records are reported with their block)."""
+    arr = store.array("failures")
+    out: list[dict] = []
+    for b in blocks:
+        try:
+            text = str(arr[b])
+            out.extend(json.loads(text) if text else [])
+        except (UserError, ValueError, TypeError):
+            continue
+    return [f for f in out if isinstance(f, dict)]
 
 
 def _check_counts(regions: np.ndarray, counts: np.ndarray, valid: np.ndarray, start: int) -> list[str]:
@@ -363,6 +389,7 @@ def _verify(store: FeatureStore, data: str | os.PathLike | None) -> VerifyReport
         if recipe is not None and dataset is not None and not report.store_problems:
             report.store_problems += _check_statistics_sample(store, dataset, recipe)
     done = [int(b) for b in np.flatnonzero(flags)]
+    report.failures = _recorded_failures(store, done)
     names = ["imgid", "valid", "failures", *outputs]
     files = check_files(store, names, done)
     derived = check_files(store, [TERNARY], done) if ternary else {}

@@ -269,3 +269,78 @@ def test_reader_racing_overwrite_sees_one_version_or_is_told(tmp_path):
     bad = [x for x, valid in results if not valid.all() or not any(np.array_equal(x, v) for v in versions)]
     assert not bad, f"{len(bad)} of {len(results)} reads returned rows of no complete version"
     assert refused and results, (len(refused), len(results))
+
+
+# -- issue 22 item 5: an images folder briefly unavailable becomes permanent damage ----------------------
+def two_folder_dataset(coco_sample: Path, root: Path) -> tuple[Path, Path]:
+    """8 images: rows 0-3 in ``root/a``, rows 4-7 in ``root/b``; returns (prepared folder, ``root/b``)."""
+    import shutil
+
+    names = sorted((coco_sample / "images").iterdir())[:8]
+    extra = {}
+    for i, src in enumerate(names):
+        folder = root / ("a" if i < 4 else "b")
+        folder.mkdir(parents=True, exist_ok=True)
+        extra[i] = Path(shutil.copy(src, folder / src.name))
+    return make_prepared(root / "prep", coco_sample, 8, extra=extra), root / "b"
+
+
+def test_vanished_images_folder_stops_the_run_and_a_rerun_resumes(coco_sample, tmp_path, capsys):
+    data, folder = two_folder_dataset(coco_sample, tmp_path)
+    out = tmp_path / "s.zarr"
+    folder.rename(tmp_path / "elsewhere")
+    assert cnn(data, out) == 2
+    err = one_line_error(capsys)
+    assert "the images folder looks unavailable" in err and str(folder) in err
+    assert "2 of 4 blocks kept" in err and "re-run the same command to resume" in err
+    store = FeatureStore(out)
+    assert store.blocks_done().tolist() == [True, True, False, False] and not store.block_failures()
+    (tmp_path / "elsewhere").rename(folder)
+    assert cnn(data, out) == 0
+    assert "wrote 4 rows, skipped 4 already done, 0 failed" in capsys.readouterr().out
+    x, valid = read_matrix(str(out))
+    assert valid.all()
+
+
+def test_transient_failures_are_listed_by_verify_and_retried_by_a_rerun(coco_sample, tmp_path, capsys):
+    data, folder = two_folder_dataset(coco_sample, tmp_path)
+    out = tmp_path / "s.zarr"
+    image = sorted(folder.iterdir())[1]  # imgid 5
+    image.rename(tmp_path / "aside.jpg")
+    assert cnn(data, out) == 0
+    assert "failed imgid 5" in capsys.readouterr().out
+    assert main(["verify", str(out)]) == 0
+    report = capsys.readouterr().out
+    assert "1 image(s) recorded as failed" in report and "1 may be transient" in report
+    assert f"failed imgid 5: {image}: missing file" in report
+    (tmp_path / "aside.jpg").rename(image)
+    assert cnn(data, out) == 0
+    captured = capsys.readouterr()
+    assert "retrying 1 image(s)" in captured.err
+    assert "wrote 2 rows, skipped 6 already done, 0 failed" in captured.out
+    assert read_matrix(str(out))[1].all()
+
+
+def test_retry_failed_retries_permanent_failures_too(coco_sample, tmp_path, capsys):
+    data, folder = two_folder_dataset(coco_sample, tmp_path)
+    out = tmp_path / "s.zarr"
+    image = sorted(folder.iterdir())[0]  # imgid 4
+    good = image.read_bytes()
+    image.write_bytes(b"not an image at all")
+    assert cnn(data, out) == 0
+    image.write_bytes(good)
+    assert cnn(data, out) == 0  # "not a recognised image file" is not retried by a plain re-run
+    assert "wrote 0 rows, skipped 8 already done, 1 failed" in capsys.readouterr().out
+    assert cnn(data, out, "--retry-failed") == 0
+    assert "wrote 2 rows, skipped 6 already done, 0 failed" in capsys.readouterr().out
+
+
+def test_many_transient_failures_in_a_row_stop_a_block(tmp_path):
+    from features.extract import MAX_TRANSIENT_IN_A_ROW, ImagesUnavailable, check_images_available
+
+    records = [{"imgid": i, "path": str(tmp_path / f"{i}.jpg"), "reason": "I/O error (Stale file handle)"}
+               for i in range(MAX_TRANSIENT_IN_A_ROW)]
+    check_images_available(records[:-1])  # one fewer: recorded
+    check_images_available(records[::2])  # not in a row
+    with pytest.raises(ImagesUnavailable, match=f"{MAX_TRANSIENT_IN_A_ROW} images in a row failed"):
+        check_images_available(records)
