@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ import numpy as np
 
 from features.executors import cached_mapper, check_scheduler, open_executor
 from features.extract import ExtractSummary, Mapper, extract, finish_fne, write_ternary
+from features.images import check_sizes
 from features.store import FeatureStore
 from prep.dataset import DATASET_FILE, PreparedDataset
 from prep.errors import DEVICE_HELP, UserError, add_common_options, run_cli
@@ -186,18 +188,21 @@ def store_config(settings: FeaturesSection, mapper: Mapper, images_sha256: str,
 
 
 def run_features(settings: FeaturesSection, overwrite: bool = False, rethreshold: bool = False,
-                 progress: bool = True) -> Path:
+                 progress: bool = True, retry_failed: bool = False) -> Path:
     """Run ``features cnn|fne|regions`` with resolved ``settings``; return the store's path.
 
     Resumes a store made with the same configuration (recomputing finished blocks whose chunk
     files are missing or empty), refuses one made with another (unless ``overwrite``).
     ``rethreshold`` (fne only) rewrites only the ternary array. The store's lock is held from
-    before anything is deleted until the end, Dask runs included (the driver holds it).
+    before anything is deleted until the end, Dask runs included (the driver holds it). Images whose
+    failure may be transient (missing file, I/O error, truncated file) are retried on resume;
+    ``retry_failed`` retries every recorded failure.
     """
     out = Path(settings.out)
     if rethreshold:
         return rethreshold_store(out, settings.threshold_low, settings.threshold_high)
     _check_thresholds(settings)
+    check_sizes(settings.input_size, None if settings.kind == "regions" else settings.resize)
     check_scheduler(settings.scheduler, settings.workers)
     dataset = _dataset(settings)
     if not dataset.images:
@@ -205,13 +210,13 @@ def run_features(settings: FeaturesSection, overwrite: bool = False, rethreshold
     # Locked before the model is loaded (a second writer is told at once) and before --overwrite
     # deletes anything; released by the kernel if this process dies.
     with exclusive_lock(out, "the feature store"):
-        summary = _extract_locked(settings, dataset, out, overwrite, progress)
+        summary = _extract_locked(settings, dataset, out, overwrite, progress, retry_failed)
     _print_summary(summary, out)
     return out
 
 
 def _extract_locked(settings: FeaturesSection, dataset: PreparedDataset, out: Path, overwrite: bool,
-                    progress: bool) -> ExtractSummary:
+                    progress: bool, retry_failed: bool = False) -> ExtractSummary:
     """The body of :func:`run_features`, run while holding the store's lock."""
     dataset_sha = sha256_file(dataset.root / DATASET_FILE)
     images_sha = dataset.images_fingerprint()
@@ -238,8 +243,10 @@ def _extract_locked(settings: FeaturesSection, dataset: PreparedDataset, out: Pa
                                         dtypes=getattr(mapper, "dtypes", None))
     if resuming:
         _recompute_damaged(store)
+        _retry_failures(store, retry_failed)
     with open_executor(settings.scheduler, settings.workers) as executor:
-        summary = extract(store, paths, factory, executor, settings.on_error, progress)
+        summary = extract(store, paths, factory, executor, settings.on_error, progress,
+                          resize=_mapper_resize(settings, mapper))
     if settings.kind == "fne":
         train = np.array([im.split == "train" for im in dataset.images], dtype=bool)
         finish_fne(store, train, settings.threshold_low, settings.threshold_high)
@@ -247,6 +254,14 @@ def _extract_locked(settings: FeaturesSection, dataset: PreparedDataset, out: Pa
                     summary={"rows_written": summary.rows_written, "rows_skipped": summary.rows_skipped,
                              "failed": len(summary.failures), "seconds": round(summary.seconds, 3)})
     return summary
+
+
+def _mapper_resize(settings: FeaturesSection, mapper: Mapper) -> int | None:
+    """The shorter side the crops mapper resizes images to (region mappers bound their own views)."""
+    if settings.kind == "regions":
+        return None
+    backbone = getattr(mapper, "backbone", None)
+    return int(backbone.resize) if backbone is not None else None
 
 
 def _recompute_damaged(store: FeatureStore) -> None:
@@ -264,10 +279,38 @@ def _recompute_damaged(store: FeatureStore) -> None:
         store.clear_blocks(sorted(damaged))
 
 
+def _retry_failures(store: FeatureStore, everything: bool = False) -> None:
+    """Clear the flags of finished blocks holding failures that may be transient (all failures with
+    ``everything``), so that this run computes those blocks again."""
+    from features.images import is_transient
+
+    failures = [f for f in store.block_failures() if everything or is_transient(f["reason"])]
+    blocks = sorted({int(f["imgid"]) // store.block_size for f in failures} & set(
+        int(b) for b in np.flatnonzero(store.blocks_done())))
+    if blocks:
+        what = ("recorded failures" if everything
+                else "failures that may be transient (missing file, I/O error, truncated file)")
+        print(f"features: retrying {len(failures)} image(s) with {what}: recomputing {len(blocks)} block(s)",
+              file=sys.stderr)
+        store.clear_blocks(blocks)
+
+
 def _check_thresholds(settings: FeaturesSection) -> None:
-    if settings.threshold_low >= settings.threshold_high:
-        raise UserError(f"--threshold-low ({settings.threshold_low}) must be below --threshold-high "
-                        f"({settings.threshold_high})")
+    check_threshold_options(settings.threshold_low, settings.threshold_high)
+
+
+def check_threshold_options(low: float, high: float) -> None:
+    """A one-line :class:`UserError` unless ``--threshold-low`` and ``--threshold-high`` are finite and
+    ``low < high`` (NaN or inf would silently give a ternary code of {0, 1} or all zeros)."""
+    from features.fne import check_thresholds
+
+    for option, value in (("--threshold-low", low), ("--threshold-high", high)):
+        if not math.isfinite(value):
+            raise UserError(f"{option} {value}: must be a finite number")
+    try:
+        check_thresholds(low, high)
+    except ValueError:
+        raise UserError(f"--threshold-low ({low}) must be below --threshold-high ({high})") from None
 
 
 def rethreshold_store(path: Path, low: float, high: float) -> Path:
@@ -276,8 +319,7 @@ def rethreshold_store(path: Path, low: float, high: float) -> Path:
     The new array is written aside and swapped in (:meth:`FeatureStore.replace_ternary`): a kill at
     any point leaves a complete ternary array whose attributes name its thresholds.
     """
-    if low >= high:
-        raise UserError(f"--threshold-low ({low}) must be below --threshold-high ({high})")
+    check_threshold_options(low, high)
     FeatureStore(path)  # a clear error for a path that is not a store, before creating a lock file
     with exclusive_lock(path, "the feature store"):
         store = FeatureStore(path, mode="r+")
@@ -355,6 +397,9 @@ def _extraction_options(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="delete an existing store at --out and start over (default: resume it)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="recompute the blocks of every recorded failure (a re-run always retries failures "
+                        "that may be transient: missing file, I/O error, truncated file)")
     if fne:
         p.add_argument("--threshold-low", type=float, metavar="X", default=None,
                        help="ternary threshold: standardised values below it map to -1 (default -0.25)")
@@ -509,7 +554,7 @@ def _main(argv: Sequence[str] | None) -> int:
                 args.min_boxes is not None or args.max_boxes is not None):
             settings = settings.model_copy(update={"fixed_boxes": None})  # --min/--max-boxes: adaptive
         run_features(settings, overwrite=args.overwrite, rethreshold=getattr(args, "rethreshold", False),
-                     progress=not args.no_progress)
+                     progress=not args.no_progress, retry_failed=args.retry_failed)
         return 0
     from features import interop
 

@@ -8,6 +8,7 @@ resumption. :func:`run_block` does one block wherever it runs (in-process or in 
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -53,6 +54,9 @@ class BlockTask:
     start: int
     paths: tuple[str, ...]
     on_error: str = "record"
+    #: the shorter side the mapper resizes images to (bounds the work per image, see
+    #: :func:`features.images.check_work`); ``None``: the aspect-ratio bound only
+    resize: int | None = None
 
     @property
     def rows(self) -> int:
@@ -92,11 +96,11 @@ class ExtractSummary:
                 f"{len(self.failures)} failed, in {self.seconds:.1f} s ({rate:.1f} images/s) -> {store}")
 
 
-def default_loader(path: str) -> Any:
+def default_loader(path: str, resize: int | None = None) -> Any:
     """``features.images.load_image`` (imported late: workers import it where they run)."""
     from features.images import load_image
 
-    return load_image(path)
+    return load_image(path, resize=resize)
 
 
 def _load(path: str, loader: Callable[[str], Any]) -> Any:
@@ -132,6 +136,8 @@ def read_block(task: BlockTask, loader: Callable[[str], Any] = default_loader,
     naming the file.
     """
     t0 = time.perf_counter()
+    if loader is default_loader and task.resize is not None:
+        loader = functools.partial(default_loader, resize=task.resize)
     with ThreadPoolExecutor(max_workers=max(1, min(decode_threads, task.rows))) as pool:
         loaded = list(pool.map(lambda p: _load(p, loader), task.paths))
     failures, good, images = [], [], []
@@ -143,7 +149,39 @@ def read_block(task: BlockTask, loader: Callable[[str], Any] = default_loader,
         else:
             good.append(k)
             images.append(item)
+    check_images_available(failures)
     return LoadedBlock(task, images, good, failures, time.perf_counter() - t0)
+
+
+#: this many transient failures (missing file, I/O error) in a row stop the run: the images folder looks
+#: unavailable, and recording them all would only make a re-run recompute them
+MAX_TRANSIENT_IN_A_ROW = 16
+
+
+class ImagesUnavailable(UserError):
+    """The images folder looks unavailable (vanished, unmounted): the block is not written."""
+
+
+def check_images_available(failures: list[dict[str, Any]]) -> None:
+    """Raise :class:`ImagesUnavailable` when a block's failures say the folder is gone, not the images:
+    a missing file whose folder is missing too, or :data:`MAX_TRANSIENT_IN_A_ROW` consecutive rows that
+    failed transiently (``failures``: the block's records, in row order)."""
+    from features.images import is_transient
+
+    run, last = 0, None
+    for f in failures:
+        if not is_transient(f["reason"]):
+            run, last = 0, None
+            continue
+        folder = Path(f["path"]).parent
+        if f["reason"] == "missing file" and not folder.is_dir():
+            raise ImagesUnavailable(f"{folder}: the images folder looks unavailable (it is missing; imgid "
+                                    f"{f['imgid']}: {f['path']})")
+        run = run + 1 if last is not None and f["imgid"] == last + 1 else 1
+        last = f["imgid"]
+        if run >= MAX_TRANSIENT_IN_A_ROW:
+            raise ImagesUnavailable(f"{folder}: the images folder looks unavailable ({run} images in a row "
+                                    f"failed, the last imgid {f['imgid']}: {f['reason']})")
 
 
 def map_and_write(block: LoadedBlock, mapper: Mapper) -> BlockResult:
@@ -180,8 +218,9 @@ def run_block(task: BlockTask, mapper: Mapper, loader: Callable[[str], Any] = de
 
 
 def block_tasks(store: FeatureStore, paths: Sequence[str | Path],
-                on_error: str = "record") -> list[BlockTask]:
-    """One :class:`BlockTask` per block of ``store`` whose flag is not yet set."""
+                on_error: str = "record", resize: int | None = None) -> list[BlockTask]:
+    """One :class:`BlockTask` per block of ``store`` whose flag is not yet set (``resize``: see
+    :attr:`BlockTask.resize`)."""
     if len(paths) != store.n_rows:
         raise UserError(f"{store.path}: has {store.n_rows} rows but the dataset has {len(paths)} images")
     done = store.blocks_done()
@@ -190,7 +229,7 @@ def block_tasks(store: FeatureStore, paths: Sequence[str | Path],
         start, stop = store.block_rows(b)
         if not done[b] and stop > start:
             tasks.append(BlockTask(str(store.path), b, start, tuple(str(p) for p in paths[start:stop]),
-                                   on_error))
+                                   on_error, resize))
     return tasks
 
 
@@ -212,16 +251,31 @@ class _NoBar:
 
 
 def extract(store: FeatureStore, paths: Sequence[str | Path], factory: MapperFactory, executor: Executor,
-            on_error: str = "record", progress: bool = True) -> ExtractSummary:
+            on_error: str = "record", progress: bool = True, resize: int | None = None) -> ExtractSummary:
     """Compute every block not yet done (the loop over blocks), with a progress bar.
 
     The bar counts images (rate and ETA); rows of blocks done by an earlier run count as skipped.
+    ``resize``: the shorter side the mapper resizes images to (bounds the work per image).
     """
     t0 = time.perf_counter()
-    tasks = block_tasks(store, paths, on_error)
+    tasks = block_tasks(store, paths, on_error, resize)
     summary = ExtractSummary(rows_skipped=store.n_rows - sum(t.rows for t in tasks))
     shown = (console.progress(total=store.n_rows, initial=summary.rows_skipped, unit="img", desc="features",
                               smoothing=0.1) if progress else nullcontext(_NoBar()))
+    try:
+        _run_blocks(store, tasks, factory, executor, summary, shown)
+    except ImagesUnavailable as exc:
+        kept = int(store.blocks_done().sum())
+        raise UserError(f"{exc}; {kept} of {store.n_blocks} blocks kept, the failing block not written: "
+                        "bring the images back and re-run the same command to resume") from None
+    summary.failures = store.block_failures()
+    summary.seconds = time.perf_counter() - t0
+    return summary
+
+
+def _run_blocks(store: FeatureStore, tasks: list[BlockTask], factory: MapperFactory, executor: Executor,
+                summary: ExtractSummary, shown: Any) -> None:
+    """The loop of :func:`extract`: run the tasks, count the results into ``summary``, show progress."""
     with shown as bar:
         for result in executor.run(tasks, factory):
             if result.already_done:
@@ -235,9 +289,6 @@ def extract(store: FeatureStore, paths: Sequence[str | Path], factory: MapperFac
             if result.failures:
                 bar.set_postfix(failed=len(summary.failures) + len(result.failures))
             summary.failures.extend(result.failures)
-    summary.failures = store.block_failures()
-    summary.seconds = time.perf_counter() - t0
-    return summary
 
 
 def finish_fne(store: FeatureStore, train_rows: np.ndarray, low: float, high: float) -> None:
@@ -253,12 +304,13 @@ def finish_fne(store: FeatureStore, train_rows: np.ndarray, low: float, high: fl
         raise UserError(f"{store.path}: no valid train-split rows to compute the FNE statistics from")
     mean, std = fne_statistics(store.array("fne/raw"), rows, chunk_rows=max(store.block_size, 1024))
     width = store.array("fne/raw").shape[1]
-    for name, values in (("fne/mean", mean), ("fne/std", std)):
-        if not store.has(name):
-            store.group.create_array(name, shape=(width,), chunks=(width,), dtype="float32",
-                                     fill_value=np.nan, config=ARRAY_CONFIG)
-        store.array(name)[:] = np.asarray(values, dtype=np.float32)
-    write_ternary(store, low, high)
+    with store.rewriting("features fne: statistics and fne/ternary"):
+        for name, values in (("fne/mean", mean), ("fne/std", std)):
+            if not store.has(name):
+                store.group.create_array(name, shape=(width,), chunks=(width,), dtype="float32",
+                                         fill_value=np.nan, config=ARRAY_CONFIG)
+            store.array(name)[:] = np.asarray(values, dtype=np.float32)
+        write_ternary(store, low, high)
 
 
 def write_ternary(store: FeatureStore, low: float, high: float) -> None:

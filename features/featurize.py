@@ -69,7 +69,7 @@ class StoreFeaturizer:
         images, failures = [], []
         for p in paths:
             try:
-                images.append(load_image(str(p)))
+                images.append(load_image(str(p), resize=self.mapper.backbone.resize))
             except ImageError as exc:
                 failures.append({"path": str(p), "reason": str(getattr(exc, "reason", None) or exc)})
         if not images:

@@ -153,16 +153,26 @@ def standardize(raw: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarra
     return np.where(std > 0, z, 0.0)
 
 
+def check_thresholds(low: float, high: float, strict: bool = True) -> None:
+    """A ``ValueError`` unless ``low`` and ``high`` are finite numbers and ``low < high`` (``strict``;
+    else ``low <= high``). A NaN threshold compares false with every z, an infinite one with all of them:
+    either turns the ternary code into {0, 1} or all zeros without any other sign."""
+    for name, value in (("low", low), ("high", high)):
+        if not isinstance(value, (int, float, np.floating, np.integer)) or not np.isfinite(value):
+            raise ValueError(f"threshold {name} must be a finite number, got {value!r}")
+    if low > high or (strict and low == high):
+        raise ValueError(f"threshold low {low} must be below high {high}")
+
+
 def ternarize(
     raw: np.ndarray, mean: np.ndarray, std: np.ndarray, low: float = DEFAULT_LOW, high: float = DEFAULT_HIGH
 ) -> np.ndarray:
     """The FNE discretisation: (N, F) raw activations -> int8 (N, F) in {-1, 0, 1}.
 
     ``z < low -> -1``, ``z > high -> 1``, otherwise 0 (strict inequalities); constant features (std 0) and
-    NaN inputs give 0. ``low`` must not exceed ``high``.
+    NaN inputs give 0. ``low`` and ``high`` must be finite, ``low`` not above ``high``.
     """
-    if low > high:
-        raise ValueError(f"threshold low {low} is above high {high}")
+    check_thresholds(low, high, strict=False)
     z = standardize(raw, mean, std)
     out = np.zeros(z.shape, dtype=np.int8)
     out[z < low] = -1

@@ -18,8 +18,16 @@ Conversions (chosen so that every photo of COCO / Flickr gives the pixels a view
 - Tiny images (down to 1x1) load as they are; the resize to the network's scale upsamples them.
 
 Unusable files raise :class:`ImageError` with a short reason: missing, empty, not an image, truncated or
-corrupt data, or more pixels than ``max_pixels`` (a decompression bomb; checked from the header before any
-pixel is decoded).
+corrupt data, an I/O error of the filesystem (missing, truncated and I/O errors may be transient:
+:func:`is_transient`), or more pixels than ``max_pixels`` (a decompression bomb; checked from the header
+before any pixel is decoded).
+
+The work an image may cost is bounded from its header too, before anything is decoded, resized or converted:
+a longer side more than ``max_aspect`` (100) times its shorter side is refused (a 20000x2 strip would become
+2,560,000 x 256 float32 after the resize of its shorter side to 256), and so is an image whose resize to the
+network's scale (``resize``: the shorter side the features resize to) would exceed ``max_resized_pixels``
+(16 Mpx, 192 MiB as a float32 RGB tensor). Such images are recorded as failed like any unusable file.
+:func:`check_sizes` bounds ``--input-size`` / ``--resize`` themselves.
 """
 
 from __future__ import annotations
@@ -36,6 +44,13 @@ from prep.errors import UserError
 DEFAULT_MAX_PIXELS = 89_478_485
 #: Shorter side above which images are reduced while decoding.
 DEFAULT_LARGE_SIDE = 1024
+#: Longest accepted longer side / shorter side: panoramas (up to about 10:1) pass, pixel strips do not.
+DEFAULT_MAX_ASPECT = 100
+#: Most pixels an image may have after the resize of its shorter side to the network's scale.
+DEFAULT_MAX_RESIZED_PIXELS = 16 * 1024 * 1024
+#: Accepted range of ``--input-size`` (the crop or view side a network sees) and the longest ``--resize``.
+INPUT_SIZE_RANGE = (16, 2048)
+MAX_RESIZE = 4096
 
 
 class ImageError(UserError):
@@ -49,23 +64,80 @@ class ImageError(UserError):
         self.path = None if path is None else str(path)
         super().__init__(reason if path is None else f"{path}: {reason}")
 
+    @property
+    def transient(self) -> bool:
+        """Whether the failure may go away by itself (see :func:`is_transient`)."""
+        return is_transient(self.reason)
+
+
+#: reasons of failures that may go away by themselves (a folder briefly unmounted or moved, a file still
+#: being copied, a network filesystem's hiccup): a plain re-run of the extraction retries them
+TRANSIENT_REASONS = ("missing file", "truncated file", "I/O error")
+
+
+def is_transient(reason: str) -> bool:
+    """Whether a failure ``reason`` (as :class:`ImageError` words it) may be transient."""
+    return str(reason).startswith(TRANSIENT_REASONS)
+
+
+def check_sizes(input_size: int | None = None, resize: int | None = None) -> None:
+    """A one-line :class:`UserError` for an ``--input-size`` outside :data:`INPUT_SIZE_RANGE` or a
+    ``--resize`` outside ``input_size..MAX_RESIZE`` (``None``: the network's own, not checked)."""
+    low, high = INPUT_SIZE_RANGE
+    if input_size is not None and not low <= input_size <= high:
+        raise UserError(f"--input-size {input_size}: must be between {low} and {high} pixels")
+    if resize is not None and not max(low, input_size or low) <= resize <= MAX_RESIZE:
+        raise UserError(f"--resize {resize}: must be between {max(low, input_size or low)} (the crop size) "
+                        f"and {MAX_RESIZE} pixels")
+
+
+def check_work(width: int, height: int, resize: int | None = None, max_aspect: float = DEFAULT_MAX_ASPECT,
+               max_resized_pixels: int = DEFAULT_MAX_RESIZED_PIXELS) -> str | None:
+    """Why an image of ``width`` x ``height`` pixels would cost too much to featurise, else ``None``.
+
+    ``resize``: the shorter side the features resize the image to (``None``: the aspect bound only).
+    """
+    short, long = min(width, height), max(width, height)
+    if short < 1:
+        return "image has no pixels"
+    if long > max_aspect * short:
+        return (f"aspect ratio {width}x{height} is {long / short:.0f}:1, more than {max_aspect:g}:1 "
+                "(a pixel strip, not a photo)")
+    if resize is not None:
+        resized = resize * max(resize, int(resize * long / short))
+        if resized > max_resized_pixels:
+            return (f"{width}x{height} resized to a shorter side of {resize} would have {resized} pixels, "
+                    f"more than {max_resized_pixels}")
+    return None
+
 
 def load_image(
     path: str | Path,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     large_side: int = DEFAULT_LARGE_SIDE,
+    resize: int | None = None,
+    max_aspect: float = DEFAULT_MAX_ASPECT,
+    max_resized_pixels: int = DEFAULT_MAX_RESIZED_PIXELS,
 ) -> Image.Image:
     """Open ``path`` and return it as an 8-bit RGB image with EXIF orientation applied.
 
     ``max_pixels``: images with more pixels (width x height from the header) raise
     ``ImageError("decompression bomb ...")`` before decoding. ``large_side``: images whose shorter side is
-    larger are reduced while decoding (see the module docstring). Raises :class:`ImageError` for missing,
-    empty, unrecognised, truncated or corrupt files.
+    larger are reduced while decoding (see the module docstring). ``resize`` (the shorter side the features
+    will resize to), ``max_aspect``, ``max_resized_pixels``: the work bound of :func:`check_work`, checked
+    from the header. Raises :class:`ImageError` for missing, empty, unrecognised, truncated or corrupt
+    files and for images over a bound.
     """
     path = Path(path)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise ImageError("missing file", path) from None
+    except OSError as exc:
+        raise ImageError(f"I/O error ({exc.strerror or exc})", path) from None
     if not path.is_file():
-        raise ImageError("missing file", path)
-    if path.stat().st_size == 0:
+        raise ImageError("not a file", path)
+    if size == 0:
         raise ImageError("empty file", path)
     try:
         with Image.open(path) as img:
@@ -73,6 +145,9 @@ def load_image(
             if width * height > max_pixels:
                 reason = f"decompression bomb: {width}x{height} = {width * height} pixels > {max_pixels}"
                 raise ImageError(reason, path)
+            too_much = check_work(width, height, resize, max_aspect, max_resized_pixels)
+            if too_much:
+                raise ImageError(too_much, path)
             _reduce_while_decoding(img, large_side)
             img.load()
             img = _reduce_after_decoding(img, large_side)
@@ -84,7 +159,14 @@ def load_image(
         raise ImageError(f"decompression bomb: {exc}", path) from exc
     except UnidentifiedImageError as exc:
         raise ImageError("not a recognised image file", path) from exc
-    except (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError) as exc:
+    except OSError as exc:
+        if exc.errno is not None:  # the filesystem failed, not the image data (PIL's errors have none)
+            raise ImageError(f"I/O error ({exc.strerror or exc})", path) from exc
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "truncat" in reason.lower():
+            raise ImageError("truncated file", path) from exc
+        raise ImageError(f"corrupt image data ({reason})", path) from exc
+    except (SyntaxError, ValueError, EOFError, IndexError, TypeError) as exc:
         # PIL signals truncated / corrupt data with these (e.g. "image file is truncated").
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if "truncat" in reason.lower():

@@ -31,13 +31,15 @@ Reads go through :class:`StoreArray`: a damaged chunk (truncated, corrupt) becom
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 import os
 import shutil
 import subprocess
-from collections.abc import Iterable, Mapping
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,11 +168,21 @@ def _one_line(exc: BaseException) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
+@dataclass(frozen=True)
+class StoreState:
+    """What a reader compares before and after reading (:meth:`FeatureStore.state`)."""
+
+    generation: str | None
+    rewriting: str | None
+    complete: bool
+
+
 class FeatureStore:
     """An open feature store (a Zarr v3 group on a local or shared filesystem)."""
 
     def __init__(self, path: str | os.PathLike, mode: str = "r") -> None:
         self.path = Path(path)
+        self._rewriting = False
         if not (self.path / "zarr.json").is_file():
             raise UserError(f"{self.path}: not a feature store (no zarr.json; run `features cnn|fne` first)")
         try:
@@ -226,6 +238,7 @@ class FeatureStore:
                 "outputs": {k: _shape_attr(v) for k, v in outputs.items()},
                 "dtypes": {k: v.name for k, v in kinds.items()},
                 "complete": False,
+                "generation": uuid.uuid4().hex,
                 "failures": [],
                 # every chunk of a finished block is on disk (ARRAY_CONFIG); older stores lack this
                 "empty_chunks_written": True,
@@ -264,6 +277,10 @@ class FeatureStore:
             hint = (hints or {}).get(key, "use --overwrite to start over, or another --out")
             raise UserError(f"{path}: the existing store was made with {key}={stored.get(key)!r}, this run "
                             f"asks for {key}={wanted.get(key)!r} ({hint})")
+        if store.attrs.get("complete"):
+            # rows may be rewritten in place (retried failures, an import gaining a split): readers
+            # refuse an incomplete store, and the writer marks it complete again when it is
+            store.set_attrs(complete=False)
         return store
 
     # -- shape and state ---------------------------------------------------------------------------
@@ -271,6 +288,12 @@ class FeatureStore:
     def attrs(self) -> dict[str, Any]:
         """A copy of the group's attributes."""
         return dict(self.group.attrs)
+
+    @property
+    def opened_state(self) -> StoreState:
+        """The :class:`StoreState` of the attributes read when the store was opened."""
+        attrs = self.group.attrs
+        return StoreState(attrs.get("generation"), attrs.get("rewriting"), bool(attrs.get("complete")))
 
     @property
     def n_rows(self) -> int:
@@ -347,7 +370,8 @@ class FeatureStore:
         (Zarr v3 groups do not list their members, so renaming the folders is the whole swap), the old
         one deleted, and ``config``/``provenance`` thresholds updated. Readers take the complete new
         array while the old name is missing; :meth:`recover` finishes any step a kill interrupted.
-        Only a writer holding the store's lock calls this.
+        Only a writer holding the store's lock calls this; readers overlapping the swap are told so
+        (:meth:`rewriting`).
         """
         self.recover()
         raw = self.array("fne/raw")
@@ -356,14 +380,16 @@ class FeatureStore:
         new.attrs.update({"thresholds": [float(t) for t in thresholds], "complete": False})
         write(StoreArray(self, TERNARY_NEW, new))
         new.attrs["complete"] = True
-        self.recover(swap=True)
+        with self.rewriting("replacing fne/ternary"):
+            self.recover(swap=True)
 
     def recover(self, swap: bool = False) -> None:
         """Finish or undo a ``fne/ternary`` replacement a kill interrupted (writers only, under the lock).
 
         An incomplete ``fne/ternary_new`` is deleted; a complete one replaces ``fne/ternary`` (with
         ``swap``, or when a kill came between the two renames); a left-over ``fne/ternary_old`` is
-        deleted; ``config``/``provenance`` thresholds are set to those the ternary array carries.
+        deleted; ``config``/``provenance`` thresholds are set to those the ternary array carries; the
+        ``rewriting`` marker a kill left is cleared.
         """
         new, old, current = (self.path / n for n in (TERNARY_NEW, TERNARY_OLD, TERNARY))
         new_complete = self._exists(TERNARY_NEW) and bool(self.group[TERNARY_NEW].attrs.get("complete"))
@@ -392,6 +418,8 @@ class FeatureStore:
                                            or prov.get("thresholds") != thresholds):
                 self.set_attrs(config=dict(config, thresholds=thresholds),
                                provenance=dict(prov, thresholds=thresholds))
+        if not self._rewriting and self.group.attrs.get("rewriting"):
+            self.set_attrs(rewriting=None)  # the interrupted step is finished or undone
 
     # -- writing -----------------------------------------------------------------------------------
     def write_block(self, block: int, arrays: Mapping[str, np.ndarray], valid: np.ndarray,
@@ -427,8 +455,73 @@ class FeatureStore:
         return sorted(out, key=lambda f: f["imgid"])
 
     def set_attrs(self, **values: Any) -> None:
-        """Update attributes (only the driver calls this, never concurrent block tasks)."""
-        self.group.attrs.update(_jsonable(values))
+        """Update attributes (only the driver calls this, never concurrent block tasks).
+
+        Every update also sets a new ``generation`` token, so that a reader that saw another token
+        before reading knows the store changed under it (see :meth:`check_unchanged`).
+        """
+        self._update_attrs(values)
+
+    def _update_attrs(self, values: Mapping[str, Any]) -> None:
+        self.group.attrs.update(_jsonable({**values, "generation": uuid.uuid4().hex}))
+
+    # -- readers and rewrites: one consistent version or a one-line error -------------------------------
+    def state(self) -> StoreState:
+        """The store's generation, rewrite marker and completeness, read afresh from its ``zarr.json``
+        (one small file: the ``generation`` token changes with every attribute update and rewrite)."""
+        try:
+            attrs = json.loads((self.path / "zarr.json").read_text(encoding="utf-8")).get("attributes", {})
+        except (OSError, ValueError):
+            return StoreState("unreadable", "replaced", False)  # between the two renames of --overwrite
+        return StoreState(attrs.get("generation"), attrs.get("rewriting"), bool(attrs.get("complete")))
+
+    @contextlib.contextmanager
+    def rewriting(self, what: str) -> Iterator[None]:
+        """Mark the store as being rewritten in place while the body runs (writers, under the lock).
+
+        Readers that find the marker are told so (:meth:`check_readable`); a run killed inside leaves
+        it, and the next writer's :meth:`recover` clears it after finishing the interrupted step.
+        """
+        if self._rewriting:
+            yield
+            return
+        self._update_attrs({"rewriting": what})
+        self._rewriting = True
+        try:
+            yield
+        finally:
+            self._rewriting = False
+        self._update_attrs({"rewriting": None})
+
+    def check_readable(self, state: StoreState | None = None) -> StoreState:
+        """The store's :meth:`state`, or a one-line UserError while a live writer rewrites it in place or
+        writes it (incomplete while a writer holds its lock).
+
+        A ``rewriting`` marker without a live lock holder was left by a killed writer: each of its
+        steps leaves the store readable (:meth:`replace_ternary`), so it does not stop readers.
+        """
+        from prep.io import lock_holder
+
+        state = state or self.state()
+        if state.rewriting or not state.complete:
+            holder = lock_holder(self.path)
+            if holder and state.rewriting:
+                raise UserError(f"{self.path}: the store is being rewritten ({state.rewriting}) by {holder}; "
+                                "read it again when that finishes")
+            if holder:
+                raise UserError(f"{self.path}: the store is being written by {holder}; read it again when "
+                                "that finishes")
+        return state
+
+    def check_unchanged(self, before: StoreState) -> None:
+        """A one-line UserError if the store changed since ``before`` (a rewrite overlapped a read)."""
+        from prep.io import lock_holder
+
+        if self.state().generation != before.generation:
+            holder = lock_holder(self.path)
+            by = f" by {holder}" if holder else ""
+            raise UserError(f"{self.path}: the store was rewritten{by} while it was being read; read it "
+                            "again (when that command has finished)")
 
     def require_complete(self) -> None:
         """A :class:`UserError` unless every block is done and the run was finalized."""
@@ -537,13 +630,17 @@ SPEC_ARRAYS = {"global": "global", "fne": "fne/ternary", "fne_raw": "fne/raw", "
 
 def _open_for_reading(spec: str, dataset: PreparedDataset | str | os.PathLike | None
                       ) -> tuple[FeatureStore, Path, str]:
-    """The finished store of ``spec`` (checked against ``dataset``), its path and the array name to read."""
+    """The finished store of ``spec`` (checked against ``dataset``), its path and the array name to read.
+
+    A store being rewritten (or written) is a one-line error (:meth:`FeatureStore.check_readable`).
+    """
     path, key = parse_spec(spec)
     store = FeatureStore(path)
     if dataset is not None:
         if not isinstance(dataset, PreparedDataset):
             dataset = PreparedDataset.load(dataset)
         check_store_matches(store, dataset)
+    store.check_readable(store.opened_state)
     store.require_complete()
     if key is None:
         key = next((k for k in ("global", "fne", "regions") if store.has(SPEC_ARRAYS[k])), "global")
@@ -554,9 +651,24 @@ def _open_for_reading(spec: str, dataset: PreparedDataset | str | os.PathLike | 
     return store, path, name
 
 
+@contextlib.contextmanager
+def consistent_read(store: FeatureStore) -> Iterator[None]:
+    """Read ``store`` in the body; a rewrite that overlapped the read (its generation changed, or an
+    error came from a folder being replaced) is a one-line UserError instead of mixed or NaN rows."""
+    before = store.opened_state
+    try:
+        yield
+    except Exception:
+        store.check_unchanged(before)  # the rewrite explains the error
+        raise
+    store.check_unchanged(before)
+
+
 def _read_checked(store: FeatureStore, path: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(stored array, valid (N,) bool)``; a valid row that is not finite is a UserError."""
+    """``(stored array, valid (N,) bool)``; a valid row that is not finite, or rows that disagree with
+    their records (:func:`check_row_records`), is a UserError."""
     valid = np.asarray(store.array("valid")[:], dtype=bool)
+    check_row_records(store, valid)
     stored = np.asarray(store.array(name)[:])
     bad = first_nonfinite_row(stored, valid)  # int8 ternary rows are always finite
     if bad is not None:
@@ -564,6 +676,38 @@ def _read_checked(store: FeatureStore, path: Path, name: str) -> tuple[np.ndarra
                         f"(NaN or inf); run `features verify {path} --repair`, then the store's "
                         "`features` command to recompute it")
     return stored, valid
+
+
+def check_row_records(store: FeatureStore, valid: np.ndarray) -> None:
+    """A one-line UserError unless the ``imgid`` column is the row number, every block is flagged done,
+    and ``valid`` (N,) is False exactly at the images the blocks' ``failures`` record (imported stores:
+    at least there). Reads ``imgid``, ``blocks_done`` and ``failures`` only: 8 bytes per row plus one
+    short string per block, no feature values (``features verify`` decodes those)."""
+    path = store.path
+    fix = f"run `features verify {path} --repair`, then the store's `features` command to recompute it"
+    imgid = np.asarray(store.array("imgid")[:])
+    wrong = np.flatnonzero(imgid != np.arange(len(imgid)))
+    if len(wrong):
+        r = int(wrong[0])
+        raise UserError(f"{path}: row {r} holds imgid {int(imgid[r])}, not {r} (the rows are not in the "
+                        f"dataset's order; {len(wrong)} such rows); {fix}")
+    done = store.blocks_done()
+    if not done.all():
+        first = int(np.flatnonzero(~done)[0])
+        raise UserError(f"{path}: marked complete but block {first} is not done; {fix}")
+    failed = np.zeros(len(valid), dtype=bool)
+    for f in store.block_failures():
+        if 0 <= int(f["imgid"]) < len(valid):
+            failed[int(f["imgid"])] = True
+    wrongly_valid = np.flatnonzero(failed & valid)
+    if len(wrongly_valid):
+        raise UserError(f"{path}: imgid {int(wrongly_valid[0])} is recorded as failed but marked valid "
+                        f"({len(wrongly_valid)} such rows); {fix}")
+    if store.attrs.get("config", {}).get("kind") != "import":
+        unexplained = np.flatnonzero(~failed & ~valid)
+        if len(unexplained):
+            raise UserError(f"{path}: imgid {int(unexplained[0])} is invalid without a recorded failure "
+                            f"({len(unexplained)} such rows); {fix}")
 
 
 def read_matrix(spec: str, dataset: PreparedDataset | str | os.PathLike | None = None,
@@ -582,7 +726,8 @@ def read_matrix(spec: str, dataset: PreparedDataset | str | os.PathLike | None =
     one-line :class:`UserError` pointing to ``features verify``.
     """
     store, path, name = _open_for_reading(spec, dataset)
-    stored, valid = _read_checked(store, path, name)
+    with consistent_read(store):
+        stored, valid = _read_checked(store, path, name)
     if keep_dtype:
         return stored, valid
     x = stored.astype(np.float32, copy=False)
@@ -633,9 +778,13 @@ def read_regions(spec: str, dataset: PreparedDataset | str | os.PathLike | None 
     if key not in (None, "regions"):
         raise UserError(f"{spec}: read_regions reads region stores (PATH.zarr or PATH.zarr:regions)")
     store, path, name = _open_for_reading(f"{path}:regions", dataset)
-    stored, valid = _read_checked(store, path, name)
+    with consistent_read(store):
+        stored, valid = _read_checked(store, path, name)
+        counts = stored_region_counts(store, valid)
+        boxes = None
+        if with_boxes and store.has("boxes"):
+            boxes = np.asarray(store.array("boxes")[:], dtype=np.float32)
     x = stored.astype(np.float32, copy=False)
-    counts = stored_region_counts(store, valid)
     if counts is None:
         nonzero = np.abs(np.nan_to_num(x)).reshape(*x.shape[:2], -1).sum(axis=2) != 0
         counts = x.shape[1] - np.argmax(nonzero[:, ::-1], axis=1)
@@ -647,9 +796,6 @@ def read_regions(spec: str, dataset: PreparedDataset | str | os.PathLike | None 
     if len(bad):
         raise UserError(f"{path}: imgid {int(bad[0])} is valid but has {int(counts[bad[0]])} regions "
                         f"(expected 1..{x.shape[1]}); run `features verify {path}`")
-    boxes = None
-    if with_boxes and store.has("boxes"):
-        boxes = np.asarray(store.array("boxes")[:], dtype=np.float32)
     return RegionFeatures(x, counts, valid, boxes)
 
 

@@ -12,6 +12,11 @@ A block flagged done promises that its rows are on disk. Two depths check that p
   ``1..k`` with zero rows after them, and that ``valid`` is
   False exactly at the images the block's ``failures`` record (imported stores: at least there,
   since rows of splits never imported are invalid without a failure). This reads the whole store.
+  For a finished FNE store it also checks that the thresholds the ternary array records are finite with
+  low < high, recomputes the ternary code of a few valid rows of each block (:data:`SAMPLE_ROWS`) from
+  ``fne/raw``, the statistics and those thresholds, and, when the prepared dataset is known (``--data``,
+  or the one the provenance names, if unchanged), the train statistics of the first
+  :data:`SAMPLE_COLUMNS` features.
 
 ``--repair`` clears the completion flag of each damaged block (the next ``features cnn|fne|regions``
 recomputes it) and marks the store incomplete; damage confined to the arrays derived at the end
@@ -50,6 +55,8 @@ class VerifyReport:
     rows_damaged: set[int] = field(default_factory=set)
     store_problems: list[str] = field(default_factory=list)
     repaired: bool = False
+    #: the images the finished blocks record as failed (imgid, path, reason)
+    failures: list[dict] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -65,6 +72,17 @@ class VerifyReport:
         if len(self.blocks) > limit:
             out.append(f"  ... and {len(self.blocks) - limit} more damaged blocks")
         out.extend(f"  {p}" for p in self.store_problems)
+        if self.failures:
+            from features.images import is_transient
+
+            transient = sum(is_transient(f.get("reason", "")) for f in self.failures)
+            again = (f"; {transient} may be transient (missing file, I/O error, truncated file): the store's "
+                     "command retries them when run again" if transient else "")
+            out.append(f"  {len(self.failures)} image(s) recorded as failed (rows invalid){again}")
+            out.extend(f"  failed imgid {f.get('imgid')}: {f.get('path')}: {f.get('reason')}"
+                       for f in self.failures[:limit])
+            if len(self.failures) > limit:
+                out.append(f"  ... and {len(self.failures) - limit} more failed images")
         return out
 
 
@@ -118,9 +136,29 @@ def _flags(store: FeatureStore) -> tuple[np.ndarray, dict[int, str]]:
         return flags, bad
 
 
+#: valid rows of each block whose ternary code ``features verify`` recomputes from ``fne/raw``
+SAMPLE_ROWS = 4
+#: FNE columns whose train statistics ``features verify`` recomputes (one column chunk is read)
+SAMPLE_COLUMNS = 64
+
+
+@dataclass
+class TernaryRecipe:
+    """What a finished FNE store's ternary code is derived from: ``fne/mean`` (F,), ``fne/std`` (F,) and
+    the thresholds the ternary array records."""
+
+    mean: np.ndarray
+    std: np.ndarray
+    low: float
+    high: float
+
+
 def _check_values(store: FeatureStore, block: int, outputs: list[str], ternary: bool,
-                  imported: bool) -> tuple[list[str], bool]:
-    """Decode one block's rows and check them; returns the problems and whether rows are damaged."""
+                  imported: bool, recipe: TernaryRecipe | None = None) -> tuple[list[str], bool]:
+    """Decode one block's rows and check them; returns the problems and whether rows are damaged.
+
+    ``recipe``: also recompute the ternary code of up to :data:`SAMPLE_ROWS` valid rows from ``fne/raw``.
+    """
     start, stop = store.block_rows(block)
     problems: list[str] = []
     rows_damaged = False
@@ -167,7 +205,40 @@ def _check_values(store: FeatureStore, block: int, outputs: list[str], ternary: 
         t = read(TERNARY)
         if t is not None and not np.isin(t, (-1, 0, 1)).all():
             problems.append(f"{TERNARY}: values outside {{-1, 0, 1}}")
+        elif t is not None and recipe is not None and rows.get("fne/raw") is not None and valid is not None:
+            problems += _check_ternary_sample(rows["fne/raw"], t, valid, start, recipe)
     return problems, rows_damaged
+
+
+def _check_ternary_sample(raw: np.ndarray, ternary: np.ndarray, valid: np.ndarray, start: int,
+                          recipe: TernaryRecipe) -> list[str]:
+    """Recompute the ternary code of a block's first valid rows (``raw`` (B, F) float32, ``ternary``
+    (B, F) int8) and name the rows that differ from the stored code."""
+    from features.fne import ternarize
+
+    rows = np.flatnonzero(valid)[:SAMPLE_ROWS]
+    if not len(rows):
+        return []
+    fresh = ternarize(raw[rows], recipe.mean, recipe.std, recipe.low, recipe.high)
+    differ = [start + int(r) for r, same in zip(rows, (fresh == ternary[rows]).all(axis=1), strict=True)
+              if not same]
+    if not differ:
+        return []
+    return [f"{TERNARY}: rows {_few(differ)} differ from fne/raw with the recorded statistics and "
+            f"thresholds {recipe.low} / {recipe.high}"]
+
+
+def _recorded_failures(store: FeatureStore, blocks: list[int]) -> list[dict]:
+    """The failure records of ``blocks`` (unreadable or malformed records are reported with their block)."""
+    arr = store.array("failures")
+    out: list[dict] = []
+    for b in blocks:
+        try:
+            text = str(arr[b])
+            out.extend(json.loads(text) if text else [])
+        except (UserError, ValueError, TypeError):
+            continue
+    return [f for f in out if isinstance(f, dict)]
 
 
 def _check_counts(regions: np.ndarray, counts: np.ndarray, valid: np.ndarray, start: int) -> list[str]:
@@ -208,6 +279,65 @@ def _check_statistics(store: FeatureStore) -> list[str]:
     return problems
 
 
+def _ternary_recipe(store: FeatureStore, problems: list[str]) -> TernaryRecipe | None:
+    """The statistics and thresholds of a finished FNE store's ternary code; ``None`` (and a problem
+    appended) when the recorded thresholds are not two finite numbers with low < high."""
+    from features.fne import check_thresholds
+
+    recorded = store.array(TERNARY).attrs.get("thresholds") or store.attrs.get("config", {}).get("thresholds")
+    try:
+        low, high = (float(t) for t in recorded)
+        check_thresholds(low, high)
+        mean = np.asarray(store.array("fne/mean")[:], dtype=np.float32)
+        std = np.asarray(store.array("fne/std")[:], dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        problems.append(f"{TERNARY}: recorded thresholds {recorded!r} are unusable ({exc}); rethreshold the "
+                        "store with finite values")
+        return None
+    except UserError:
+        return None  # reported by _check_statistics
+    return TernaryRecipe(mean, std, low, high)
+
+
+def _recorded_dataset(store: FeatureStore) -> PreparedDataset | None:
+    """The prepared dataset the store's provenance names, if it is still there and still its dataset."""
+    recorded = store.attrs.get("provenance", {}).get("dataset")
+    if not recorded:
+        return None
+    try:
+        dataset = PreparedDataset.load(recorded)
+        check_store_matches(store, dataset)
+    except (UserError, OSError, ValueError):
+        return None
+    return dataset
+
+
+def _check_statistics_sample(store: FeatureStore, dataset: PreparedDataset, recipe: TernaryRecipe
+                             ) -> list[str]:
+    """Recompute ``fne/mean`` and ``fne/std`` of the first :data:`SAMPLE_COLUMNS` features from the valid
+    train rows of ``fne/raw`` (``dataset`` gives the splits) and report a difference."""
+    from features.fne import fne_statistics
+
+    train = np.array([im.split == "train" for im in dataset.images], dtype=bool)
+    rows = train & np.asarray(store.array("valid")[:], dtype=bool)
+    width = min(SAMPLE_COLUMNS, recipe.mean.shape[0])
+    if not rows.any() or len(rows) != store.n_rows:
+        return []
+    try:
+        raw = np.asarray(store.array("fne/raw")[:, :width])
+    except UserError:
+        return []  # the damaged chunk is reported with its block
+    mean, std = fne_statistics(raw, rows)
+    bad = ~(np.isclose(mean, recipe.mean[:width], rtol=1e-4, atol=1e-5)
+            & np.isclose(std, recipe.std[:width], rtol=1e-4, atol=1e-5))
+    if not bad.any():
+        return []
+    first = int(np.flatnonzero(bad)[0])
+    return [f"fne/mean, fne/std: feature {first} (and {int(bad.sum()) - 1} more of the first {width}) differ "
+            f"from the train rows of fne/raw (recomputed {mean[first]:.6g} / {std[first]:.6g}, stored "
+            f"{recipe.mean[first]:.6g} / {recipe.std[first]:.6g})"]
+
+
 def verify_store(path: str | os.PathLike, data: str | os.PathLike | None = None, repair: bool = False
                  ) -> VerifyReport:
     """Check every finished block of the store at ``path`` (files and values; see the module doc).
@@ -233,8 +363,10 @@ def verify_store(path: str | os.PathLike, data: str | os.PathLike | None = None,
 
 
 def _verify(store: FeatureStore, data: str | os.PathLike | None) -> VerifyReport:
+    dataset = None
     if data is not None:
-        check_store_matches(store, PreparedDataset.load(data))
+        dataset = PreparedDataset.load(data)
+        check_store_matches(store, dataset)
     attrs = store.attrs
     flags, bad_flags = _flags(store)
     complete = bool(attrs.get("complete")) and bool(flags.all())
@@ -250,7 +382,14 @@ def _verify(store: FeatureStore, data: str | os.PathLike | None) -> VerifyReport
         if not store.has(TERNARY):
             report.store_problems.append(f"array '{TERNARY}' missing")
         report.store_problems += _check_statistics(store)
+    recipe = None
+    if ternary:
+        recipe = _ternary_recipe(store, report.store_problems)
+        dataset = dataset or _recorded_dataset(store)
+        if recipe is not None and dataset is not None and not report.store_problems:
+            report.store_problems += _check_statistics_sample(store, dataset, recipe)
     done = [int(b) for b in np.flatnonzero(flags)]
+    report.failures = _recorded_failures(store, done)
     names = ["imgid", "valid", "failures", *outputs]
     files = check_files(store, names, done)
     derived = check_files(store, [TERNARY], done) if ternary else {}
@@ -260,7 +399,7 @@ def _verify(store: FeatureStore, data: str | os.PathLike | None) -> VerifyReport
             report.blocks[b] = files[b] + derived.get(b, [])
             report.rows_damaged.add(b)
             continue
-        problems, rows_damaged = _check_values(store, b, outputs, ternary, imported)
+        problems, rows_damaged = _check_values(store, b, outputs, ternary, imported, recipe)
         problems = derived.get(b, []) + problems
         if problems:
             report.blocks[b] = problems

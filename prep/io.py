@@ -220,6 +220,71 @@ def lock_path(target: str | os.PathLike) -> Path:
     return target.with_name(f".{target.name}.lock")
 
 
+def _open_lock_file(path: Path, target: str | os.PathLike, what: str) -> int:
+    """Open (creating it) the regular lock file ``path`` without following a symlink; UserError if not."""
+    import stat
+
+    from prep.errors import UserError
+
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        try:
+            kind = _file_kind(os.lstat(path).st_mode)
+        except OSError:
+            kind = None
+        if kind is not None and kind != "regular file":
+            raise UserError(f"{path}: the lock file of {target} is a {kind}, not a regular file; remove it "
+                            f"(nothing else should be there) and run again") from None
+        raise UserError(f"{target}: cannot create the lock file {path} for {what}: "
+                        f"{exc.strerror or exc}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise UserError(f"{path}: the lock file of {target} is a {_file_kind(mode)}, not a regular file; "
+                        "remove it and run again")
+    return fd
+
+
+def lock_holder(target: str | os.PathLike) -> str | None:
+    """Who holds the writer lock of ``target`` (the line :func:`exclusive_lock` records), or ``None``.
+
+    For readers: the lock file is never created, nor followed through a symlink, and only a
+    momentary shared ``flock`` is tried (a writer that meets it looks again). ``None`` also when the
+    lock cannot be tested (no lock file, a filesystem without ``flock``).
+    """
+    import fcntl
+
+    try:
+        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        fd = os.open(lock_path(target), flags)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.read(fd, 4096).decode("utf-8", "replace").strip() or "another process"
+        except OSError:
+            return None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _file_kind(mode: int) -> str:
+    import stat
+
+    for test, name in ((stat.S_ISLNK, "symlink"), (stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"),
+                       (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "device"), (stat.S_ISBLK, "device"),
+                       (stat.S_ISREG, "regular file")):
+        if test(mode):
+            return name
+    return "special file"
+
+
 @contextlib.contextmanager
 def exclusive_lock(target: str | os.PathLike, what: str = "this output") -> Iterator[Path]:
     """Hold an exclusive lock on ``target`` (a store, run directory or prepared folder) while writing it.
@@ -228,6 +293,10 @@ def exclusive_lock(target: str | os.PathLike, what: str = "this output") -> Iter
     exits in any way, ``SIGKILL`` included: a lock file left by a killed run is stale and simply
     taken over. The file records the holder (pid, host, start time, command) for the error message.
     A second writer gets a :class:`prep.errors.UserError` at once, never a wait.
+
+    The lock file is opened without following symlinks (``O_NOFOLLOW``) and must be a regular file: a
+    symlink, directory or device planted at the lock path is a one-line error, never written through.
+    A lock file that cannot be created (read-only filesystem, no permission, disk full) is one too.
     """
     import fcntl
     import socket
@@ -238,13 +307,21 @@ def exclusive_lock(target: str | os.PathLike, what: str = "this output") -> Iter
 
     path = lock_path(target)
     path.parent.mkdir(parents=True, exist_ok=True)
+    attempts_left = 10
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock_file(path, target, what)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "another process"
+            holder = os.read(fd, 4096).decode("utf-8", "replace").strip()
             os.close(fd)
+            if not holder and attempts_left > 0:
+                # no holder text: a reader's momentary shared lock (lock_holder), or a writer that has
+                # not written its line yet; look again shortly
+                attempts_left -= 1
+                time.sleep(0.05)
+                continue
+            holder = holder or "another process"
             raise UserError(f"{target}: {what} is being written by {holder}; wait for it to finish "
                             f"(or stop it) and run again") from None
         except OSError:

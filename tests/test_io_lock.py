@@ -47,3 +47,37 @@ def test_atomic_outputs_get_the_permissions_of_ordinary_ones(tmp_path):
     assert (tmp_path / "b.bin").stat().st_mode & 0o777 == 0o644
     assert (tmp_path / "d").stat().st_mode & 0o777 == 0o755
     assert (tmp_path / "private.json").stat().st_mode & 0o777 == 0o600
+
+
+def test_planted_symlink_or_directory_at_the_lock_path_is_refused(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    target = tmp_path / "store.zarr"
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    lock_path(target).symlink_to(victim)
+    with pytest.raises(UserError, match="is a symlink, not a regular file"):
+        with exclusive_lock(target):
+            pass
+    assert victim.read_text() == "precious" and lock_path(target).is_symlink()
+    lock_path(target).unlink()
+    lock_path(target).symlink_to(tmp_path / "absent")  # dangling: O_CREAT would create it
+    with pytest.raises(UserError, match="symlink"):
+        with exclusive_lock(target):
+            pass
+    assert not (tmp_path / "absent").exists()
+    lock_path(target).unlink()
+    lock_path(target).mkdir()
+    with pytest.raises(UserError, match="is a directory, not a regular file"):
+        with exclusive_lock(target):
+            pass
+    lock_path(target).rmdir()
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(os, "open", read_only)
+    with pytest.raises(UserError, match="cannot create the lock file .*Read-only file system"):
+        with exclusive_lock(target):
+            pass

@@ -1,0 +1,346 @@
+"""Faults a feature store must survive (issues 16 and 22): images that cost too much, thresholds that are
+not numbers, planted lock files, damaged stores given to training, images folders that vanish, readers
+racing a rewrite, signals, read-only stores.
+
+Real COCO images of ``coco_sample``; ``features cnn`` with EfficientNet-Lite0, random weights, 64 px.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from test_features_cli import BASE
+from test_features_store import make_prepared
+
+from features.cli import main
+from features.images import ImageError, load_image
+from features.store import FeatureStore, read_matrix
+from prep.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("features: error:") and "\n" not in err, err
+    return err
+
+
+@pytest.fixture(scope="module")
+def data(coco_sample, tmp_path_factory) -> Path:
+    return make_prepared(tmp_path_factory.mktemp("prep") / "a", coco_sample, 8)
+
+
+def cnn(data: Path, out: Path, *extra: str) -> int:
+    return main(["cnn", "--data", str(data), "--out", str(out), *BASE, "--block-size", "2", *extra])
+
+
+# -- issue 16 item 1: one image kills extraction -------------------------------------------------------
+def strip_png(path: Path, width: int = 20000, height: int = 2) -> Path:
+    Image.new("RGB", (width, height), (200, 10, 10)).save(path)
+    return path
+
+
+def test_pixel_strip_is_refused_from_its_header(tmp_path):
+    strip = strip_png(tmp_path / "strip.png")
+    assert strip.stat().st_size < 1000
+    with pytest.raises(ImageError, match="aspect ratio 20000x2 is 10000:1"):
+        load_image(strip)
+    wide = strip_png(tmp_path / "wide.png", 3000, 100)  # 30:1 passes the aspect bound ...
+    assert load_image(wide).size == (3000, 100)
+    with pytest.raises(ImageError, match="would have .* pixels"):  # ... not a large resize of it
+        load_image(wide, resize=1024)
+
+
+def test_strip_is_recorded_invalid_and_input_size_is_bounded(coco_sample, tmp_path, capsys):
+    strip = strip_png(tmp_path / "strip.png", 6000, 2)
+    data = make_prepared(tmp_path / "prep", coco_sample, 4, extra={3: strip})
+    out = tmp_path / "s.zarr"
+    assert cnn(data, out) == 0
+    assert "failed imgid 3" in capsys.readouterr().out
+    x, valid = read_matrix(str(out))
+    assert valid.tolist() == [True, True, True, False]
+    assert "aspect ratio" in FeatureStore(out).attrs["failures"][0]["reason"]
+    for size in ("0", "100000"):
+        assert main(["cnn", "--data", str(data), "--out", str(tmp_path / "x.zarr"), *BASE,
+                     "--input-size", size]) == 2
+        assert f"--input-size {size}: must be between" in one_line_error(capsys)
+    assert not (tmp_path / "x.zarr").exists()
+
+
+def test_query_featurizer_refuses_the_strip_in_one_line(data, tmp_path):
+    from features.featurize import StoreFeaturizer
+
+    out = tmp_path / "q.zarr"
+    assert cnn(data, out) == 0
+    rows, failures = StoreFeaturizer(str(out))([strip_png(tmp_path / "strip.png")])
+    assert rows.shape[0] == 0 and "aspect ratio" in failures[0]["reason"]
+
+
+# -- issue 16 item 5: FNE thresholds accept NaN / inf ---------------------------------------------------
+@pytest.fixture
+def fne_store(data, tmp_path) -> Path:
+    """A finished FNE store of the colour mapper (rows 0-4 train), 8 rows in blocks of 3."""
+    from test_features_store import ColourFactory, new_store, paths_of
+
+    from features.executors import InProcessExecutor
+    from features.extract import extract, finish_fne
+
+    out = tmp_path / "f.zarr"
+    store = new_store(out, 8, block=3, name="fne/raw", config={"cnn": "colour", "thresholds": [-0.25, 0.15]})
+    extract(store, paths_of(data), ColourFactory("fne/raw"), InProcessExecutor(), progress=False)
+    finish_fne(store, np.arange(8) < 5, -0.25, 0.15)
+    store.set_attrs(complete=True)
+    return out
+
+
+@pytest.mark.parametrize("low,high", [("nan", "0.15"), ("-inf", "inf"), ("-0.25", "inf"), ("0.2", "0.2")])
+def test_rethreshold_refuses_non_finite_or_unordered_thresholds(fne_store, capsys, low, high):
+    before = FeatureStore(fne_store).array("fne/ternary")[:]
+    assert main(["fne", "--out", str(fne_store), "--rethreshold", f"--threshold-low={low}",
+                 f"--threshold-high={high}"]) == 2
+    assert "--threshold-" in one_line_error(capsys)
+    np.testing.assert_array_equal(FeatureStore(fne_store).array("fne/ternary")[:], before)
+
+
+def test_verify_recomputes_ternary_rows_and_checks_recorded_thresholds(fne_store, data, capsys):
+    from features.verify import verify_store
+
+    assert verify_store(fne_store, data).ok
+    store = FeatureStore(fne_store, mode="r+")
+    tern = store.array("fne/ternary")
+    # what `--threshold-low nan` used to write: no -1 left, the attributes naming the NaN
+    tern[:] = np.maximum(tern[:], 0)
+    report = verify_store(fne_store)
+    assert not report.ok and any("differ from fne/raw" in p for ps in report.blocks.values() for p in ps)
+    assert not report.rows_damaged  # derived from fne/raw: re-derived without re-extracting
+    tern.attrs["thresholds"] = [float("nan"), 0.15]
+    assert main(["verify", str(fne_store)]) == 2
+    out = capsys.readouterr().out
+    assert "recorded thresholds [nan, 0.15] are unusable" in out
+
+
+def test_verify_recomputes_train_statistics_with_the_dataset(fne_store, data):
+    from features.verify import verify_store
+
+    store = FeatureStore(fne_store, mode="r+")
+    store.array("fne/mean")[:] = store.array("fne/mean")[:] * 2 + 1
+    store.array("fne/ternary")[:] = 0  # ternary rows follow the tampered statistics: only stats differ
+    from features.extract import write_ternary
+
+    write_ternary(store, -0.25, 0.15)
+    assert verify_store(fne_store).ok  # without the splits the statistics cannot be recomputed
+    report = verify_store(fne_store, data)
+    assert not report.ok and "differ from the train rows of fne/raw" in " ".join(report.store_problems)
+
+
+# -- issue 16 item 6: lock files follow symlinks -------------------------------------------------------
+def test_features_refuses_a_symlink_planted_at_the_lock(data, tmp_path, capsys):
+    from prep.io import lock_path
+
+    out = tmp_path / "s.zarr"
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    lock_path(out).symlink_to(victim)
+    assert cnn(data, out) == 2
+    assert "is a symlink, not a regular file" in one_line_error(capsys)
+    assert victim.read_text() == "precious" and not out.exists()
+
+
+# -- issue 16 item 9: training reads a store that verify calls damaged ----------------------------------
+@pytest.fixture(scope="module")
+def cnn_store(data, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("cnn") / "s.zarr"
+    assert cnn(data, out) == 0
+    return out
+
+
+@pytest.mark.parametrize("damage", ["imgid", "unrecorded-invalid", "recorded-but-valid"])
+def test_reader_refuses_rows_that_disagree_with_their_records(cnn_store, tmp_path, damage):
+    import shutil
+
+    out = tmp_path / "s.zarr"
+    shutil.copytree(cnn_store, out)
+    store = FeatureStore(out, mode="r+")
+    if damage == "imgid":
+        store.array("imgid")[2:4] = [3, 2]
+        expected = "row 2 holds imgid 3"
+    elif damage == "unrecorded-invalid":
+        store.array("valid")[5] = False
+        expected = "imgid 5 is invalid without a recorded failure"
+    else:
+        store.array("failures")[3] = '[{"imgid": 6, "path": "x.jpg", "reason": "truncated file"}]'
+        expected = "imgid 6 is recorded as failed but marked valid"
+    with pytest.raises(UserError, match=expected) as err:
+        read_matrix(str(out))
+    assert "features verify" in str(err.value) and "--repair" in str(err.value)
+    from features.verify import verify_store
+
+    assert not verify_store(out).ok  # and verify agrees
+
+
+# -- issue 22 item 6: readers see a half-rewritten store ------------------------------------------------
+def synthetic_fne_store(path: Path, rows: int = 96, width: int = 24, seed: int = 0) -> Path:
+    """A finished FNE store of random activations in blocks of 2 rows (48 chunk files per array)."""
+    from features.extract import finish_fne
+
+    store = FeatureStore.create(path, np.arange(rows), {"fne/raw": width}, 2, {"cnn": "random"},
+                                {"network": "random"}, overwrite=path.exists())
+    raw = np.random.default_rng(seed).normal(size=(rows, width)).astype(np.float32)
+    for b in range(store.n_blocks):
+        start, stop = store.block_rows(b)
+        store.write_block(b, {"fne/raw": raw[start:stop]}, np.ones(stop - start, dtype=bool), [])
+    finish_fne(store, np.arange(rows) < rows // 2, -0.25, 0.15)
+    store.set_attrs(complete=True)
+    return path
+
+
+def race(reader, writer, seconds: float = 4.0, pause: float = 0.3) -> tuple[list, list[str]]:
+    """Run ``writer()`` in a loop in a thread (``pause`` seconds between calls) while this thread calls
+    ``reader()``; the reader's results and the messages of its UserErrors."""
+    import threading
+    import time
+
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def loop():
+        try:
+            while not stop.is_set():
+                writer()
+                time.sleep(pause)  # a moment between rewrites: some reads complete, some overlap
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    results, refused = [], []
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            try:
+                results.append(reader())
+            except UserError as exc:
+                refused.append(str(exc))
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors, errors
+    return results, refused
+
+
+def test_reader_racing_rethreshold_sees_one_version_or_is_told(tmp_path):
+    from features.cli import rethreshold_store
+    from features.fne import ternarize
+
+    path = synthetic_fne_store(tmp_path / "f.zarr")
+    store = FeatureStore(path)
+    raw, mean, std = store.array("fne/raw")[:], store.array("fne/mean")[:], store.array("fne/std")[:]
+    versions = [ternarize(raw, mean, std, *t) for t in ((-0.25, 0.15), (-1.0, 1.0))]
+    turn = iter(range(10**9))
+
+    def writer():
+        rethreshold_store(path, *((-1.0, 1.0) if next(turn) % 2 == 0 else (-0.25, 0.15)))
+
+    results, refused = race(lambda: read_matrix(f"{path}:fne", keep_dtype=True)[0], writer, pause=0.05)
+    mixed = [x for x in results if not any(np.array_equal(x, v) for v in versions)]
+    assert not mixed, f"{len(mixed)} of {len(results)} reads mixed two versions"
+    assert refused and results, (len(refused), len(results))
+    assert all("being rewritten" in m or "rewritten" in m or "being written" in m for m in refused), refused
+
+
+def test_reader_racing_overwrite_sees_one_version_or_is_told(tmp_path):
+    path = synthetic_fne_store(tmp_path / "f.zarr", seed=0)
+    versions = [FeatureStore(path).array("fne/raw")[:]]
+    versions.append(FeatureStore(synthetic_fne_store(tmp_path / "g.zarr", seed=1)).array("fne/raw")[:])
+    turn = iter(range(10**9))
+
+    def writer():
+        from prep.io import exclusive_lock
+
+        with exclusive_lock(path, "the feature store"):
+            synthetic_fne_store(path, seed=next(turn) % 2 or 1)
+
+    results, refused = race(lambda: read_matrix(f"{path}:fne_raw"), writer)
+    bad = [x for x, valid in results if not valid.all() or not any(np.array_equal(x, v) for v in versions)]
+    assert not bad, f"{len(bad)} of {len(results)} reads returned rows of no complete version"
+    assert refused and results, (len(refused), len(results))
+
+
+# -- issue 22 item 5: an images folder briefly unavailable becomes permanent damage ----------------------
+def two_folder_dataset(coco_sample: Path, root: Path) -> tuple[Path, Path]:
+    """8 images: rows 0-3 in ``root/a``, rows 4-7 in ``root/b``; returns (prepared folder, ``root/b``)."""
+    import shutil
+
+    names = sorted((coco_sample / "images").iterdir())[:8]
+    extra = {}
+    for i, src in enumerate(names):
+        folder = root / ("a" if i < 4 else "b")
+        folder.mkdir(parents=True, exist_ok=True)
+        extra[i] = Path(shutil.copy(src, folder / src.name))
+    return make_prepared(root / "prep", coco_sample, 8, extra=extra), root / "b"
+
+
+def test_vanished_images_folder_stops_the_run_and_a_rerun_resumes(coco_sample, tmp_path, capsys):
+    data, folder = two_folder_dataset(coco_sample, tmp_path)
+    out = tmp_path / "s.zarr"
+    folder.rename(tmp_path / "elsewhere")
+    assert cnn(data, out) == 2
+    err = one_line_error(capsys)
+    assert "the images folder looks unavailable" in err and str(folder) in err
+    assert "2 of 4 blocks kept" in err and "re-run the same command to resume" in err
+    store = FeatureStore(out)
+    assert store.blocks_done().tolist() == [True, True, False, False] and not store.block_failures()
+    (tmp_path / "elsewhere").rename(folder)
+    assert cnn(data, out) == 0
+    assert "wrote 4 rows, skipped 4 already done, 0 failed" in capsys.readouterr().out
+    x, valid = read_matrix(str(out))
+    assert valid.all()
+
+
+def test_transient_failures_are_listed_by_verify_and_retried_by_a_rerun(coco_sample, tmp_path, capsys):
+    data, folder = two_folder_dataset(coco_sample, tmp_path)
+    out = tmp_path / "s.zarr"
+    image = sorted(folder.iterdir())[1]  # imgid 5
+    image.rename(tmp_path / "aside.jpg")
+    assert cnn(data, out) == 0
+    assert "failed imgid 5" in capsys.readouterr().out
+    assert main(["verify", str(out)]) == 0
+    report = capsys.readouterr().out
+    assert "1 image(s) recorded as failed" in report and "1 may be transient" in report
+    assert f"failed imgid 5: {image}: missing file" in report
+    (tmp_path / "aside.jpg").rename(image)
+    assert cnn(data, out) == 0
+    captured = capsys.readouterr()
+    assert "retrying 1 image(s)" in captured.err
+    assert "wrote 2 rows, skipped 6 already done, 0 failed" in captured.out
+    assert read_matrix(str(out))[1].all()
+
+
+def test_retry_failed_retries_permanent_failures_too(coco_sample, tmp_path, capsys):
+    data, folder = two_folder_dataset(coco_sample, tmp_path)
+    out = tmp_path / "s.zarr"
+    image = sorted(folder.iterdir())[0]  # imgid 4
+    good = image.read_bytes()
+    image.write_bytes(b"not an image at all")
+    assert cnn(data, out) == 0
+    image.write_bytes(good)
+    assert cnn(data, out) == 0  # "not a recognised image file" is not retried by a plain re-run
+    assert "wrote 0 rows, skipped 8 already done, 1 failed" in capsys.readouterr().out
+    assert cnn(data, out, "--retry-failed") == 0
+    assert "wrote 2 rows, skipped 6 already done, 0 failed" in capsys.readouterr().out
+
+
+def test_many_transient_failures_in_a_row_stop_a_block(tmp_path):
+    from features.extract import MAX_TRANSIENT_IN_A_ROW, ImagesUnavailable, check_images_available
+
+    records = [{"imgid": i, "path": str(tmp_path / f"{i}.jpg"), "reason": "I/O error (Stale file handle)"}
+               for i in range(MAX_TRANSIENT_IN_A_ROW)]
+    check_images_available(records[:-1])  # one fewer: recorded
+    check_images_available(records[::2])  # not in a row
+    with pytest.raises(ImagesUnavailable, match=f"{MAX_TRANSIENT_IN_A_ROW} images in a row failed"):
+        check_images_available(records)
