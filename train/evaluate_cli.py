@@ -263,10 +263,12 @@ def run_outputs(run_dir: Path, split: str, checkpoint: str, lang: str | None, no
             "--length-analysis": out / f"length_{split}.json" if length_analysis else None}
 
 
-def check_run_outputs(run_dir: Path, outputs: dict[str, Path | None], overwrite: bool) -> None:
+def check_run_outputs(run_dir: Path, outputs: dict[str, Path | None], overwrite: bool,
+                      defaults: Sequence[str] = ()) -> None:
     """The output-path rule for a reader of a run (:meth:`train.rundir.RunDir.check_eval_output`):
     no input of the run, inside the run only its ``eval/`` folder, an existing file only with
-    ``overwrite`` (the run's own eval files excepted), and no two outputs the same file."""
+    ``overwrite`` (the run's own eval files among the ``defaults`` outputs excepted), and no two
+    outputs the same file."""
     from train.runs import read_config, run_inputs
 
     run = RunDir(run_dir)
@@ -274,8 +276,8 @@ def check_run_outputs(run_dir: Path, outputs: dict[str, Path | None], overwrite:
     check_distinct(outputs)
     for option, path in outputs.items():
         if path is not None:
-            option = option.split(" ")[0]
-            run.check_eval_output(path, option=option, overwrite=overwrite, inputs=inputs)
+            run.check_eval_output(path, option=option.split(" ")[0], overwrite=overwrite, inputs=inputs,
+                                  default=option in defaults)
 
 
 def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = ("all",),
@@ -307,7 +309,8 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
     ratios = parse_ratio_range(noise) if noise else None
     outputs = run_outputs(run_dir, split, checkpoint, lang, ratios is not None, length_analysis, json_path,
                           out_dir, ranks_path, gallery_path)
-    check_run_outputs(run_dir, outputs, overwrite)
+    given = {"--ranks", "--gallery"} | ({"--json"} if json_path is not None else set())
+    check_run_outputs(run_dir, outputs, overwrite, [k for k in outputs if k not in given])
     run = load_run(run_dir, checkpoint, device, accept_changed=accept_changed)
     # too few images for a protocol: say so now, not after embedding the split
     if lang is not None and lang not in run.dataset.languages:

@@ -284,10 +284,11 @@ class RunDir:
                     os.unlink(entry.path)
 
     def check_eval_output(self, path: str | os.PathLike, *, option: str, overwrite: bool,
-                          inputs: Iterable[str | os.PathLike | None] = ()) -> Path:
+                          inputs: Iterable[str | os.PathLike | None] = (), default: bool = False) -> Path:
         """Check a file a reader of this run writes (``--json``, ``--ranks``, ``--gallery``, its outputs).
 
-        Inside the run, only its ``eval/`` folder may be written, where a file train writes there
+        Inside the run, only its ``eval/`` folder may be written, where a ``default`` output (one the
+        command names itself, e.g. ``eval/test_best.json``) of a name train writes there
         (:func:`is_eval_file`) is replaced without ``overwrite``: a re-evaluation replaces its own
         results. Elsewhere the rules of :func:`prep.outputs.check_output_file` apply. The run's
         ``config.json`` and checkpoints are inputs in any case.
@@ -299,7 +300,7 @@ class RunDir:
                 check_not_input(path, inputs, option)
                 raise UserError(f"{option} {path}: lies inside the run directory {self.path} but not in its "
                                 f"{EVAL}/ folder; write it to {self.eval_dir} or elsewhere")
-            own = is_eval_file(out.name)
+            own = default and is_eval_file(out.name)
             return check_output_file(path, inputs=inputs, overwrite=overwrite or own, owner=self.path,
                                      option=option)
         return check_output_file(path, inputs=inputs, overwrite=overwrite, option=option)
