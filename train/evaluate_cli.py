@@ -28,6 +28,7 @@ import torch
 
 from prep.errors import DEVICE_HELP, HelpFormatter, UserError
 from prep.io import write_json_atomic
+from prep.outputs import check_output_file
 from train.evaluate import (
     MEASURES,
     PROTOCOLS,
@@ -49,6 +50,7 @@ from train.report import (
     results_json,
     write_ranks_csv,
 )
+from train.rundir import RunDir
 from train.runs import add_run_arguments
 
 
@@ -237,13 +239,55 @@ def _split_images(run: object, split: str, lang: str | None = None) -> int:
     return len({s.imgid for s in sentences})
 
 
+def check_distinct(outputs: dict[str, Path | None]) -> None:
+    """Refuse two outputs of one command that are the same file (the second would replace the first)."""
+    seen: dict[Path, str] = {}
+    for option, path in outputs.items():
+        if path is None:
+            continue
+        key = Path(path).resolve()
+        if key in seen:
+            raise UserError(f"{option} {path}: is also the {seen[key]} output; give each output its own file")
+        seen[key] = option
+
+
+def run_outputs(run_dir: Path, split: str, checkpoint: str, lang: str | None, noise: bool,
+                length_analysis: bool, json_path: Path | None, out_dir: Path | None,
+                ranks_path: Path | None, gallery_path: Path | None) -> dict[str, Path | None]:
+    """Every file :func:`evaluate_run` writes, by the option that names it (or the analysis)."""
+    out = Path(out_dir) if out_dir is not None else RunDir(run_dir).eval_dir
+    default_json = out / (f"{split}_{checkpoint}_{lang}.json" if lang else f"{split}_{checkpoint}.json")
+    return {"--json": json_path or default_json, "--ranks": ranks_path, "--gallery": gallery_path,
+            "--noise (JSON)": out / f"noise_{split}.json" if noise else None,
+            "--noise (PNG)": out / f"noise_{split}.png" if noise else None,
+            "--length-analysis": out / f"length_{split}.json" if length_analysis else None}
+
+
+def check_run_outputs(run_dir: Path, outputs: dict[str, Path | None], overwrite: bool,
+                      defaults: Sequence[str] = ()) -> None:
+    """The output-path rule for a reader of a run (:meth:`train.rundir.RunDir.check_eval_output`):
+    no input of the run, inside the run only its ``eval/`` folder, an existing file only with
+    ``overwrite`` (the run's own eval files among the ``defaults`` outputs excepted), and no two
+    outputs the same file."""
+    from train.runs import read_config, run_inputs
+
+    run = RunDir(run_dir)
+    inputs = run_inputs(run_dir, read_config(run_dir))
+    check_distinct(outputs)
+    for option, path in outputs.items():
+        if path is not None:
+            run.check_eval_output(path, option=option.split(" ")[0], overwrite=overwrite, inputs=inputs,
+                                  default=option in defaults)
+
+
 def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = ("all",),
                  noise: str | None = None, length_analysis: bool = False, checkpoint: str = "best",
                  device: str = "auto", json_path: Path | None = None, out_dir: Path | None = None,
                  chance: bool = False, noise_seed: int = 0, length_count: int = 100,
                  fold_size: int = 1000, log: Log = print, ranks_path: Path | None = None,
                  topk: int = 0, gallery_path: Path | None = None, gallery_queries: int = 10,
-                 lang: str | None = None) -> dict[str, ProtocolResult]:
+                 lang: str | None = None, overwrite: bool = False, accept_changed: bool = False
+                 ) -> dict[str, ProtocolResult]:
     """Evaluate a run directory's model on ``split``; optionally the noise and length analyses.
 
     Writes ``<out>/<split>_<checkpoint>.json`` (the protocol JSON), and with the analyses
@@ -253,6 +297,9 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
     results (:mod:`train.gallery`). The protocols and the length analysis are checked against the
     split's size before anything is embedded. ``lang``: evaluate the captions of that language (a
     multilingual run); the JSON is then ``<split>_<checkpoint>_<lang>.json``.
+
+    Every output is checked first (:func:`check_run_outputs`; ``overwrite``: replace existing files),
+    and the run's dataset and features against its fingerprints (``accept_changed``: warn instead).
     """
     from train.analysis import alphabet_from_chars_json, noise_robustness, parse_ratio_range, plot_noise
     from train.analysis import length_analysis as run_length_analysis
@@ -260,7 +307,11 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
 
     protocols = parse_protocols(protocols)
     ratios = parse_ratio_range(noise) if noise else None
-    run = load_run(run_dir, checkpoint, device)
+    outputs = run_outputs(run_dir, split, checkpoint, lang, ratios is not None, length_analysis, json_path,
+                          out_dir, ranks_path, gallery_path)
+    given = {"--ranks", "--gallery"} | ({"--json"} if json_path is not None else set())
+    check_run_outputs(run_dir, outputs, overwrite, [k for k in outputs if k not in given])
+    run = load_run(run_dir, checkpoint, device, accept_changed=accept_changed)
     # too few images for a protocol: say so now, not after embedding the split
     if lang is not None and lang not in run.dataset.languages:
         raise UserError(f"--lang {lang}: {run.settings.data} has no captions in it (it has "
@@ -276,15 +327,14 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
     measure, order_sqrt = run.settings.measure, bool(run.settings.order_sqrt)
     if gallery_path is not None and not topk:
         topk = 5
-    out = Path(out_dir) if out_dir is not None else Path(run_dir) / "eval"
+    out = Path(out_dir) if out_dir is not None else RunDir(run_dir).eval_dir
     log(f"embedding the {split} split with {Path(run_dir).name} ({checkpoint} checkpoint, epoch {run.epoch}) "
         f"on {run.device}")
     emb = embed_split(run, split, lang=lang)
     which = f", {lang} captions" if lang else ""
     title = f"{Path(run_dir).name}: {split}{which} ({checkpoint} checkpoint, epoch {run.epoch}, {measure})"
-    default_json = out / (f"{split}_{checkpoint}_{lang}.json" if lang else f"{split}_{checkpoint}.json")
     results = evaluate_and_report(emb.images, emb.captions, emb.caption_image, measure, protocols, order_sqrt,
-                                  fold_size, str(run.device), chance, json_path or default_json, title,
+                                  fold_size, str(run.device), chance, outputs["--json"], title,
                                   log=log,
                                   ranks_path=ranks_path, topk=topk)
     if gallery_path is not None:
@@ -321,6 +371,17 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
     return results
 
 
+def _check_file_outputs(args: argparse.Namespace, inputs: list[str]) -> None:
+    """``--json`` and ``--ranks`` of saved embeddings or similarities: not an input, not inside a dataset,
+    store or run, an existing file only with ``--overwrite``, not the same file."""
+    outputs = {"--json": Path(args.json) if args.json else None,
+               "--ranks": Path(args.ranks) if args.ranks else None}
+    check_distinct(outputs)
+    for option, path in outputs.items():
+        if path is not None:
+            check_output_file(path, inputs=inputs, overwrite=args.overwrite, option=option)
+
+
 def _evaluate_files(args: argparse.Namespace, protocols: list[str]) -> None:
     if args.measure is None:
         raise UserError("--measure order|cosine is required with --img-emb")
@@ -331,6 +392,7 @@ def _evaluate_files(args: argparse.Namespace, protocols: list[str]) -> None:
                         "images: use --run")
     ranks_path = Path(args.ranks) if args.ranks else None
     topk = _check_topk(args.topk, ranks_path)
+    _check_file_outputs(args, [args.img_emb, args.cap_emb])
     captions = load_embedding_file(args.cap_emb, "caption")
     images = vsepp_images(load_embedding_file(args.img_emb, "image"), captions.shape[0],
                           args.captions_per_image, print)
@@ -353,6 +415,7 @@ def _evaluate_sims(args: argparse.Namespace, protocols: list[str]) -> None:
         raise UserError("--captions-per-image must be at least 1")
     ranks_path = Path(args.ranks) if args.ranks else None
     topk = _check_topk(args.topk, ranks_path)
+    _check_file_outputs(args, [args.sims])
     sims = load_similarity_file(args.sims)
     k = args.captions_per_image
     n = sims_images(sims, k, args.sims_transposed, str(args.sims))
@@ -407,7 +470,8 @@ def _command(args: argparse.Namespace) -> int:
                      Path(args.out) if args.out else None, args.chance, args.noise_seed, args.length_count,
                      args.fold_size, ranks_path=ranks_path,
                      topk=_check_topk(args.topk, ranks_path, gallery is not None), gallery_path=gallery,
-                     gallery_queries=args.gallery_queries, lang=args.lang)
+                     gallery_queries=args.gallery_queries, lang=args.lang, overwrite=args.overwrite,
+                     accept_changed=args.accept_changed)
     elif args.sims is not None:
         _evaluate_sims(args, protocols)
     elif args.img_emb is not None or args.cap_emb is not None:
@@ -467,6 +531,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument("--gallery-queries", type=int, metavar="N", default=10,
                     help="sampled queries per direction in the --gallery page")
     ev.add_argument("--out", metavar="DIR", help="folder for the outputs of --run (default RUN_DIR/eval)")
+    ev.add_argument("--overwrite", action="store_true",
+                    help="replace existing --json, --ranks, --gallery and --out files (a run's own eval/ "
+                         "results are replaced by a re-evaluation without it)")
     ev.add_argument("--chance", action="store_true", help="add the expected metrics of a random ranking")
     ev.add_argument("--device", default="auto", metavar="DEVICE", help=DEVICE_HELP)
     ev.add_argument("--block-images", type=int, default=None, help="tile height (default: by measure "

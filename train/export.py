@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from prep import console
-from prep.errors import DEVICE_HELP, UserError
+from prep.errors import DEVICE_HELP
 from prep.io import atomic_file, write_json_atomic
+from prep.outputs import check_output_folder
 from train.runs import add_run_arguments, run_from_arguments
 
 
@@ -26,15 +27,26 @@ def _save(path: Path, array: np.ndarray) -> None:
         np.save(fh, array)
 
 
-def export_embeddings(run_dir: str | Path, out: str | Path, splits: list[str], checkpoint: str = "best",
-                      device: str = "auto") -> list[Path]:
-    """Embed ``splits`` with the run's model and write the files above into ``out``; returns them."""
-    from train.runs import embed_split, load_run
+def export_names(splits: list[str]) -> list[str]:
+    """The files :func:`export_embeddings` writes for ``splits``."""
+    return [f"{split}_{suffix}" for split in splits
+            for suffix in ("img.npy", "cap.npy", "caption_image.npy", "ids.json")]
 
-    run = load_run(run_dir, checkpoint, device)
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out}: exists and is not a folder")
+
+def export_embeddings(run_dir: str | Path, out: str | Path, splits: list[str], checkpoint: str = "best",
+                      device: str = "auto", overwrite: bool = False, accept_changed: bool = False
+                      ) -> list[Path]:
+    """Embed ``splits`` with the run's model and write the files above into ``out``; returns them.
+
+    ``out`` may not be an input (the run, its dataset or store) nor lie inside a dataset, store or run;
+    files of the same names already there are replaced only with ``overwrite`` (the folder's other
+    files are kept). ``accept_changed``: use a run whose inputs changed since training (a warning).
+    """
+    from train.runs import embed_split, load_run, read_config, run_inputs
+
+    inputs = [run_dir, *run_inputs(run_dir, read_config(run_dir))]
+    out = check_output_folder(out, export_names(splits), inputs=inputs, overwrite=overwrite)
+    run = load_run(run_dir, checkpoint, device, accept_changed=accept_changed)
     written: list[Path] = []
     for split in splits:
         emb = embed_split(run, split)
@@ -59,7 +71,8 @@ def export_embeddings(run_dir: str | Path, out: str | Path, splits: list[str], c
 
 def _command(args: argparse.Namespace) -> int:
     splits = args.split or ["test"]
-    written = export_embeddings(run_from_arguments(args), args.out, splits, args.checkpoint, args.device)
+    written = export_embeddings(run_from_arguments(args), args.out, splits, args.checkpoint, args.device,
+                                overwrite=args.overwrite, accept_changed=args.accept_changed)
     console.result(f"wrote {len(written)} files to {args.out}: " + ", ".join(p.name for p in written))
     return 0
 
@@ -69,7 +82,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export-embeddings", help="write a run's image and caption embeddings as .npy",
                        description=__doc__.split("\n\n")[1].replace("\n", " "))
     add_run_arguments(p)
-    p.add_argument("--out", metavar="DIR", required=True, help="folder to write the files into")
+    p.add_argument("--out", metavar="DIR", required=True, help="folder to write the files into (its other "
+                   "files are kept)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace files of the same names already in --out")
     p.add_argument("--split", action="append", choices=("train", "val", "test"),
                    help="split to export (repeatable; default test)")
     p.add_argument("--checkpoint", default="best", choices=("best", "last"), help="checkpoint (default best)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +23,7 @@ import torch
 
 from prep import console
 from prep.dataset import PreparedDataset
-from prep.errors import DEVICE_HELP, UserError
+from prep.errors import DEVICE_HELP, UserError, resume_hint
 from prep.io import exclusive_lock
 from prep.pipelines import TrainSection, add_pipeline_arguments, stage_settings
 from train.checkpoint import load_checkpoint, remove_stale_temporaries
@@ -38,6 +39,7 @@ from train.data import (
 )
 from train.evaluate import protocol_folds
 from train.models.registry import ModelSpec, model_spec, with_family_defaults
+from train.rundir import RunDir
 from train.runs import (
     absolute_settings,
     check_same_config,
@@ -45,18 +47,18 @@ from train.runs import (
     default_run_dir,
     embed_split,
     features_fingerprint,
+    file_stats,
     load_run,
     prepare_run_dir,
     read_config,
     settings_from_config,
+    store_path,
     write_config,
 )
-from train.trainer import BEST, LAST, Trainer, resolve_device, retrieval_metrics, write_evaluation
+from train.trainer import Trainer, resolve_device, retrieval_metrics, write_evaluation
 
 #: defaults of --alphabet-size / --image-dim for a --dry-run without data (COCO's lowercased
 #: alphabet is about 70 symbols; VGG fc7 features have 4096 dimensions)
-#: every message of a training run, time-stamped, in the run directory
-TRAIN_LOG = "train.log"
 DRY_RUN_ALPHABET = 72
 DRY_RUN_IMAGE_DIM = 4096
 #: default --vocab-size of a word model's --dry-run without data: the SEAM paper's COCO vocabulary
@@ -234,7 +236,8 @@ def _common_options(p: argparse.ArgumentParser) -> None:
     run.add_argument("--resume", action="store_true",
                      help="continue the run in --out from its newest checkpoint, also one written mid-epoch")
     run.add_argument("--overwrite", action="store_true",
-                     help="start over in an --out that already holds a run (its checkpoints are deleted)")
+                     help="start over in an --out that already holds a run: the files the run wrote are "
+                          "deleted; a folder holding anything else is refused")
     run.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, default=None,
                      help="also write checkpoints/last.pt every this many steps within an epoch "
                           "(default 200)")
@@ -276,7 +279,9 @@ def _command(family: str, args: argparse.Namespace) -> int:
         if args.resume:
             raise UserError("--resume needs --out RUN_DIR (the run to continue)")
         args.out = default_run_dir(family)
-    if args.resume and not args.pipeline and (Path(args.out) / "config.json").is_file():
+    if args.resume and not args.pipeline:
+        if not RunDir(args.out).is_run():
+            raise UserError(f"no run at {args.out} to resume; drop --resume to start one")
         # options not given again are those the run was started with
         stored = settings_from_config(read_config(args.out)["settings"])
         if stored.family != family:
@@ -330,6 +335,8 @@ def run_training(settings: TrainSection, resume: bool = False, overwrite: bool =
     if settings.family not in FAMILY_OPTIONS:
         raise UserError(f"family '{settings.family}' cannot be trained yet (available: "
                         f"{', '.join(FAMILY_OPTIONS)})")
+    _check_numbers(settings, {"--alphabet-size": alphabet_size, "--image-dim": image_dim,
+                              "--vocab-size": vocab_size})
     settings = _resolve_word_length(absolute_settings(with_family_defaults(settings,
                                                                            _dataset_name(settings.data))))
     run_dir = Path(settings.out)
@@ -343,11 +350,37 @@ def run_training(settings: TrainSection, resume: bool = False, overwrite: bool =
     spec = model_spec(settings)
     feature_spec(settings.features, regions=spec.image_encoder != "linear")
     resolve_device(settings.device)  # a bad --device is an error before the run directory is made
+    inputs = (settings.data, store_path(settings.features))
+    run = RunDir(run_dir)
+    run.check(resume, overwrite, inputs)  # before the lock: its file is a sibling of --out
     with exclusive_lock(run_dir, "the run directory"):
-        prepare_run_dir(run_dir, resume=resume, overwrite=overwrite)
-        with console.log_file(run_dir / TRAIN_LOG):
+        prepare_run_dir(run_dir, resume=resume, overwrite=overwrite, inputs=inputs)
+        with console.log_file(run.log), resume_hint(run.kept):
             _train(settings, spec, run_dir, resume, log)
     return run_dir
+
+
+#: the largest seed numpy, torch and Python all take
+_MAX_SEED = 2**32 - 1
+
+
+def _check_numbers(settings: TrainSection, sizes: dict[str, int | None]) -> None:
+    """One-line errors for numbers the schema lets through but the run cannot use: a non-finite float,
+    a seed outside 0..2^32-1, a size or layer of 0 or less."""
+    for key, value in settings.model_dump().items():
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if isinstance(v, float) and not math.isfinite(v):
+                raise UserError(f"--{key.replace('_', '-')} {v}: must be a finite number")
+    if not 0 <= settings.seed <= _MAX_SEED:
+        raise UserError(f"--seed {settings.seed}: must be between 0 and {_MAX_SEED}")
+    if any(v < 1 for v in settings.layers or []):
+        raise UserError(f"--layers {','.join(map(str, settings.layers))}: every layer needs at least 1 unit")
+    if settings.word_length is not None and settings.word_length < 1:
+        raise UserError(f"--word-length {settings.word_length}: must be at least 1")
+    for option, value in sizes.items():
+        if value is not None and value < 1:
+            raise UserError(f"{option} {value}: must be at least 1")
 
 
 def _resolve_word_length(settings: TrainSection) -> TrainSection:
@@ -380,7 +413,7 @@ def _train(settings: TrainSection, spec: ModelSpec, run_dir: Path, resume: bool,
     from train.models.vse import build_model
     from train.objectives import build_objective
 
-    remove_stale_temporaries(run_dir / "checkpoints")
+    remove_stale_temporaries(RunDir(run_dir).checkpoints)
     device = resolve_device(settings.device)
     train_set, val_set, config = _load_data(settings, spec)
     pair_sets = _load_pairs(settings, train_set)
@@ -464,25 +497,52 @@ def _load_data(settings: TrainSection, spec: ModelSpec) -> tuple[CaptionSet, Cap
                                  codec=codec, counts=counts)
     val_set = load_caption_set(dataset, x, valid, "val", settings.lang, settings.max_chars,
                                max_images=settings.val_images, codec=codec, counts=counts)
-    try:  # too few val images for the protocol: say so now, not after the first epoch
-        protocol_folds(settings.val_protocol, val_set.num_images)
-    except UserError:
-        raise UserError(f"--val-protocol {settings.val_protocol} needs more val images than the "
-                        f"{val_set.num_images} usable ones (use --val-protocol all)") from None
+    _check_splits(settings, dataset, valid, val_set)
+    fingerprints = {**dataset_fingerprint(settings.data), **_words_fingerprint(settings.data, spec),
+                    "features": features_fingerprint(x, valid)}
     config: dict[str, Any] = {
         "family": settings.family,
         "settings": settings.model_dump(),
         "text_input": spec.text_input,
         "vocab_size": codec.vocab_size,
         "feature_shape": [int(v) for v in x.shape[1:]],
-        "fingerprints": {**dataset_fingerprint(settings.data),
-                         **_words_fingerprint(settings.data, spec),
-                         "features": features_fingerprint(x, valid)},
+        "fingerprints": fingerprints,
+        # size and mtime of the hashed files: a reader of the run whose files still have them skips the hash
+        "fingerprint_stats": file_stats(settings.data, [k for k in fingerprints if k != "features"]),
         "data": {split: {"images": cs.num_images, "captions": len(cs), "skipped_images": cs.skipped_images}
                  for split, cs in (("train", train_set), ("val", val_set))},
         "code_version": _code_version(),
     }
     return train_set, val_set, config
+
+
+def _check_splits(settings: TrainSection, dataset: PreparedDataset, valid: np.ndarray, val_set: CaptionSet
+                  ) -> None:
+    """Before the first step: the val split and the test split (in every language the test evaluation
+    uses) have images with valid features and captions, enough for ``val_protocol``; an empty or
+    all-invalid split would otherwise be found only after training."""
+    def usable(split: str, lang: str) -> int:
+        return len({s.imgid for s in dataset.sentences_of(split, lang) if valid[s.imgid]})
+
+    needs = [("val", settings.lang, val_set.num_images)]
+    needs += [("test", lang, usable("test", lang))
+              for lang in dict.fromkeys([settings.lang, *settings.train_langs, *settings.cross_lang])]
+    for split, lang, n in needs:
+        if n == 0:
+            use = "validate each epoch" if split == "val" else "evaluate after training"
+            raise UserError(f"{settings.data}: the {split} split has no image with valid features and a "
+                            f"caption in '{lang}' ({_split_counts(dataset, split, valid)}); the run needs "
+                            f"one to {use}")
+        try:  # too few images for the protocol: say so now, not after the first epoch
+            protocol_folds(settings.val_protocol, n)
+        except UserError:
+            raise UserError(f"--val-protocol {settings.val_protocol} needs more {split} images than the {n} "
+                            f"usable ones (use --val-protocol all)") from None
+
+
+def _split_counts(dataset: PreparedDataset, split: str, valid: np.ndarray) -> str:
+    rows = dataset.image_rows(split)
+    return f"{len(rows)} images, {sum(bool(valid[r]) for r in rows)} with valid features"
 
 
 def _load_pairs(settings: TrainSection, train_set: CaptionSet) -> list[PairSet]:
@@ -504,7 +564,7 @@ def _words_fingerprint(data: str, spec: ModelSpec) -> dict[str, str]:
 
 def _continue(trainer: Trainer, settings: TrainSection, log: Callable[[str], None]) -> None:
     """Load the newest checkpoint into ``trainer`` (a run extended by a larger --epochs goes on)."""
-    path = trainer.checkpoint_dir / LAST
+    path = RunDir(trainer.run_dir).last
     state = load_checkpoint(path, map_location="cpu")
     try:
         trainer.load_state(state)
@@ -527,7 +587,7 @@ def evaluate_test(run_dir: Path, settings: TrainSection, device: torch.device,
     ``eval/test.json`` keeps ``lang``'s results at the top level (``images``, ``captions``, ``protocols``)
     and every language's under ``languages``.
     """
-    if not (run_dir / "checkpoints" / BEST).is_file():
+    if not RunDir(run_dir).best.is_file():
         log("no best checkpoint (no epoch finished); test evaluation skipped")
         return
     from train.report import format_results, results_json
@@ -543,7 +603,7 @@ def evaluate_test(run_dir: Path, settings: TrainSection, device: torch.device,
         which = f", {lang} captions" if len(langs) > 1 else ""
         title = f"{run_dir.name}: test split{which}, best checkpoint (epoch {run.epoch})"
         console.result(format_results(results, title=title))
-    write_evaluation(run_dir / "eval" / "test.json", {
+    write_evaluation(RunDir(run_dir).test_eval, {
         "split": "test", "checkpoint": "best", "epoch": run.epoch, "measure": settings.measure,
         "order_sqrt": settings.order_sqrt, "lang": settings.lang, **per_lang[settings.lang],
         "languages": per_lang})

@@ -14,8 +14,10 @@ the stage finished:
 - otherwise the stage runs again, and never throws away expensive work without ``--overwrite``:
   prep replaces its own prepared dataset (cheap; a folder prep did not write is never replaced);
   features resume a store made with the same configuration and refuse one made with another;
-  train refuses a run directory that already holds a run (``config.json``, checkpoints or
-  metrics): give ``train.out`` a new run folder, or pass ``--overwrite`` to replace it.
+  train refuses a run directory that already holds a run (a checkpoint or metrics): give
+  ``train.out`` a new run folder, or pass ``--overwrite`` to replace it; ``--overwrite`` removes
+  only what the run wrote, and a folder holding anything else (or a dataset, a store, ``/``) is
+  refused as ``train --out`` refuses it (:class:`train.rundir.RunDir`).
 
 ``--force`` treats every stage as out of date; it implies nothing destructive: prep is re-run,
 a feature store of the same configuration is resumed (only missing blocks are computed), and a
@@ -36,6 +38,7 @@ from prep.dataset import RECORD_FILE, changed_inputs
 from prep.errors import UserError
 from prep.io import write_json_atomic
 from prep.pipelines import Pipeline, default_pipelines_file, get_pipeline, load_pipelines
+from train.rundir import RunDir
 
 STAGES = ("prep", "features", "train", "evaluate")
 
@@ -73,7 +76,7 @@ def _run_features(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
 def _run_train(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
     from train.fit import run_training
 
-    has_checkpoint = (Path(pipe.train.out) / "checkpoints").is_dir()
+    has_checkpoint = RunDir(pipe.train.out).last.is_file()
     run_training(pipe.train, resume=resume and has_checkpoint, overwrite=overwrite or resume)
 
 
@@ -94,17 +97,6 @@ RUNNERS: dict[str, Callable[[Pipeline, bool, bool], None]] = {
 }
 
 
-def holds_run(run_dir: str | Path) -> bool:
-    """Whether ``run_dir`` holds a training run (its config, a checkpoint or metrics)."""
-    from train.runs import CONFIG
-    from train.trainer import METRICS
-
-    run_dir = Path(run_dir)
-    ckpt = run_dir / "checkpoints"
-    return ((run_dir / CONFIG).is_file() or (run_dir / METRICS).is_file()
-            or ckpt.is_dir() and any(ckpt.glob("*.pt")))
-
-
 def _prep_record(out: str) -> dict[str, Any]:
     """The ``prep.json`` of a prepared dataset (empty when absent or unreadable)."""
     try:
@@ -122,7 +114,7 @@ def _prep_inputs_fingerprint(out: str, settings_fp: str) -> str:
 
 def _output_of(pipe: Pipeline, stage: str) -> str:
     if stage == "evaluate":
-        return str(Path(pipe.train.out) / "eval")
+        return str(RunDir(pipe.train.out).eval_dir)
     return getattr(pipe, stage).out
 
 
@@ -154,7 +146,7 @@ def run_pipeline(name: str, file: str | None = None, force: bool = False, until:
                 upstream = _prep_inputs_fingerprint(out, fp) if stage == "prep" else fp
                 continue
         resume = same and state.get("status") == "running" and not force
-        if stage == "train" and not resume and not overwrite and holds_run(out):
+        if stage == "train" and not resume and not overwrite and RunDir(out).holds_run():
             why = ("was made with other settings, or by another command" if not same else
                    "is this pipeline's finished run, which --force replaces only with --overwrite")
             raise UserError(f"{out}: the run directory of pipeline '{name}' already holds a run that {why}; "

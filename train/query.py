@@ -31,7 +31,7 @@ import torch
 
 from prep.errors import DEVICE_HELP, UserError
 from prep.io import write_json_atomic
-from train.runs import add_run_arguments
+from train.runs import add_run_arguments, store_path
 from train.similarity import similarity
 
 if TYPE_CHECKING:
@@ -188,12 +188,20 @@ def search(run: LoadedRun, text: str | Sequence[str] | None = None,
             for vs, ix in zip(values, indices, strict=True)]
 
 
+def printable(text: str) -> str:
+    """``text`` with control characters (ANSI escapes, carriage returns, newlines, ...) written as Python
+    escapes, so a caption or query cannot move the cursor, recolour or rewrite the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 def format_hits(query: str, hits: Sequence[Hit]) -> str:
-    """A small table of one query's hits."""
-    lines = [f"query: {query}"]
+    """A small table of one query's hits (control characters escaped, see :func:`printable`)."""
+    lines = [f"query: {printable(str(query))}"]
     for h in hits:
         what = h.path if h.path is not None else h.text
-        lines.append(f"  {h.rank:>3}  {h.score:>9.4f}  imgid {h.imgid:<7} {what}")
+        lines.append(f"  {h.rank:>3}  {h.score:>9.4f}  imgid {h.imgid:<7} {printable(str(what))}")
     return "\n".join(lines)
 
 
@@ -204,7 +212,18 @@ def _command(args: argparse.Namespace) -> int:
         raise UserError("give --text TEXT or --image PATH (repeatable)")
     if args.text and args.image:
         raise UserError("give --text or --image, not both")
-    run = load_run(run_from_arguments(args), args.checkpoint, args.device)
+    for text in args.text or []:
+        if not text.strip():
+            raise UserError(f"--text {text!r}: an empty query; give some words")
+    run_dir = run_from_arguments(args)
+    if args.json:  # not an input (the run, its data and store, the query images), not inside an artifact
+        from prep.outputs import check_output_file
+        from train.runs import read_config, run_inputs
+
+        inputs = [run_dir, *run_inputs(run_dir, read_config(run_dir)), args.data,
+                  store_path(args.features), *(args.image or [])]
+        check_output_file(args.json, inputs=inputs, overwrite=args.overwrite, option="--json")
+    run = load_run(run_dir, args.checkpoint, args.device, accept_changed=args.accept_changed)
     split = None if args.split == "all" else args.split
     if args.data and args.split == "test" and not args.split_given:
         split = None  # another collection: all its images unless --split says otherwise
@@ -253,4 +272,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", default="best", choices=("best", "last"), help="checkpoint (default best)")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--json", metavar="PATH", help="also write the hits as JSON")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
     p.set_defaults(func=_command, split_given=False)

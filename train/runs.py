@@ -1,13 +1,6 @@
 """Run directories: their configuration, the checks before a run starts or resumes, and reading back.
 
-A run directory holds::
-
-    config.json            resolved settings, alphabet size, image dim, fingerprints, code version
-    checkpoints/best.pt    the best validation rsum so far (complete training state)
-    checkpoints/last.pt    the newest state: end of an epoch, or mid-epoch every checkpoint_every steps
-    metrics.jsonl          one JSON object per finished epoch
-    eval/test.json         the test evaluation of the best checkpoint, after training
-
+The layout, the marker and what train may replace belong to :class:`train.rundir.RunDir`.
 :func:`load_run` rebuilds a trained model from such a folder; :func:`embed_split` and
 :func:`encode_texts` embed a split or arbitrary texts with it (the evaluation commands use them).
 """
@@ -18,7 +11,6 @@ import datetime as _dt
 import hashlib
 import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,16 +18,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from prep.dataset import CHARS_FILE, DATASET_FILE, PreparedDataset
+from prep import console
+from prep.dataset import CHARS_FILE, DATASET_FILE, WORDS_FILE, PreparedDataset
 from prep.errors import UserError
 from prep.io import sha256_file, write_json_atomic
 from prep.pipelines import TrainSection
 from train.checkpoint import load_checkpoint
-from train.data import CaptionSet, TextCodec, codec_for, load_caption_set, read_features, read_region_counts
+from train.data import (
+    CaptionSet,
+    TextCodec,
+    codec_for,
+    load_caption_set,
+    read_features,
+    read_region_counts,
+)
 from train.models.registry import model_spec
-from train.trainer import LAST, METRICS, embed_caption_set, embed_codes, resolve_device
+from train.rundir import CONFIG, RunDir
+from train.trainer import embed_caption_set, embed_codes, resolve_device
 
-CONFIG = "config.json"
 #: settings that may change when a run resumes: where it runs and how long it may go on
 RESUMABLE_CHANGES = ("out", "device", "workers", "epochs", "checkpoint_every")
 
@@ -46,6 +46,9 @@ def add_run_arguments(parser: Any) -> None:
 
     parser.add_argument("--run", metavar="RUN_DIR", help="a run directory written by `train <family>`")
     add_pipeline_arguments(parser)
+    parser.add_argument(ACCEPT_CHANGED, dest="accept_changed", action="store_true",
+                        help="use the run even when its prepared dataset or feature store changed since it "
+                             "was trained (a warning instead of an error; the numbers may be meaningless)")
 
 
 def run_from_arguments(args: Any, required: bool = True) -> Path | None:
@@ -77,6 +80,49 @@ def dataset_fingerprint(data: str | os.PathLike) -> dict[str, str]:
     return {"dataset_json": sha256_file(root / DATASET_FILE), "chars_json": sha256_file(root / CHARS_FILE)}
 
 
+#: the files of a prepared dataset whose SHA-256 a run records, by fingerprint key
+DATASET_FILES = {"dataset_json": DATASET_FILE, "chars_json": CHARS_FILE, "words_json": WORDS_FILE}
+#: the flag that lets a reader use a run whose inputs changed since training (with a warning)
+ACCEPT_CHANGED = "--accept-changed-inputs"
+
+
+def file_stats(data: str | os.PathLike, keys: list[str]) -> dict[str, list[int]]:
+    """``{key: [size, mtime_ns]}`` of the dataset files of ``keys``: a reader whose files still have
+    these skips re-hashing them (:func:`changed_dataset_files`)."""
+    out = {}
+    for key in keys:
+        st = (Path(data) / DATASET_FILES[key]).stat()
+        out[key] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def changed_dataset_files(config: dict[str, Any], data: str | os.PathLike) -> list[str]:
+    """The dataset files recorded in ``config``'s fingerprints that differ on disk now (their names).
+
+    A file whose size and modification time are those recorded at training time is the same file
+    (no hashing: a reader runs this every time); otherwise a different size settles it, else the
+    SHA-256 is compared.
+    """
+    fingerprints = config.get("fingerprints") or {}
+    stats = config.get("fingerprint_stats") or {}
+    changed = []
+    for key, name in DATASET_FILES.items():
+        if key not in fingerprints:
+            continue
+        path = Path(data) / name
+        try:
+            st = path.stat()
+        except OSError:
+            changed.append(f"{name} (missing)")
+            continue
+        recorded = stats.get(key)
+        if recorded == [st.st_size, st.st_mtime_ns]:
+            continue
+        if (recorded and recorded[0] != st.st_size) or sha256_file(path) != fingerprints[key]:
+            changed.append(name)
+    return changed
+
+
 def features_fingerprint(x: np.ndarray, valid: np.ndarray) -> str:
     """SHA-256 of the matrix shape, the valid mask and about 1024 evenly spaced rows.
 
@@ -88,6 +134,24 @@ def features_fingerprint(x: np.ndarray, valid: np.ndarray) -> str:
     step = max(1, x.shape[0] // 1024)
     h.update(np.ascontiguousarray(x[::step]).tobytes())
     return h.hexdigest()
+
+
+def store_path(features: str | None) -> str | None:
+    """The store folder of a ``STORE[:global|:fne|:regions]`` spec (None for None)."""
+    if not features:
+        return None
+    from features.store import parse_spec
+
+    return str(parse_spec(features)[0])
+
+
+def run_inputs(run_dir: str | os.PathLike, config: dict[str, Any] | None = None) -> list[str]:
+    """What a reader of the run reads, which its outputs may not replace: the run's prepared dataset
+    and feature store (its ``config.json`` and checkpoints: :meth:`train.rundir.RunDir.check_eval_output`)."""
+    settings = (config or read_config(run_dir)).get("settings", {})
+    features = settings.get("features")
+    store = store_path(features) if isinstance(features, str) else None
+    return [v for v in (settings.get("data"), store) if v]
 
 
 def absolute_settings(settings: TrainSection) -> TrainSection:
@@ -106,13 +170,20 @@ def absolute_settings(settings: TrainSection) -> TrainSection:
 
 def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     """The ``config.json`` of a run directory (a :class:`UserError` if it is not one)."""
-    path = Path(run_dir) / CONFIG
+    path = RunDir(run_dir).config
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        config = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise UserError(f"{run_dir}: not a run directory (no {CONFIG})") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: invalid JSON: {exc.msg}") from None
+        raise UserError(f"no run at {run_dir} (no {CONFIG})") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a folder, not a run's configuration") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a run's configuration (not UTF-8 text)") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise UserError(f"{path}: invalid JSON: {getattr(exc, 'msg', 'nested too deeply')}") from None
+    if not isinstance(config, dict) or not isinstance(config.get("settings"), dict):
+        raise UserError(f"{path}: not a run's configuration (no settings)")
+    return config
 
 
 def settings_from_config(values: dict[str, Any]) -> TrainSection:
@@ -154,24 +225,11 @@ def check_same_config(run_dir: Path, new: dict[str, Any]) -> None:
                             "(resume with the run's settings, or start a new run with another --out)")
 
 
-def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
-    """Check (and with ``overwrite`` clear) ``run_dir`` before a run starts or resumes."""
-    ckpt = run_dir / "checkpoints"
-    has_checkpoints = ckpt.is_dir() and any(ckpt.glob("*.pt"))
-    if resume:
-        if not (ckpt / LAST).is_file():
-            raise UserError(f"{run_dir}: nothing to resume (no checkpoints/{LAST}); drop --resume to start")
-        return
-    if has_checkpoints or (run_dir / METRICS).exists():
-        if not overwrite:
-            raise UserError(f"{run_dir}: already holds a run with checkpoints; use --resume to continue it "
-                            "or --overwrite to start over")
-        if (run_dir / CONFIG).is_file() or has_checkpoints:
-            for name in ("checkpoints", "eval"):
-                shutil.rmtree(run_dir / name, ignore_errors=True)
-            for name in (CONFIG, METRICS):
-                (run_dir / name).unlink(missing_ok=True)
-    run_dir.mkdir(parents=True, exist_ok=True)
+def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool,
+                    inputs: tuple[str | os.PathLike | None, ...] = ()) -> None:
+    """Check (and with ``overwrite`` clear what the old run wrote in) ``run_dir`` before a run starts or
+    resumes (:meth:`train.rundir.RunDir.prepare`)."""
+    RunDir(run_dir).prepare(resume=resume, overwrite=overwrite, inputs=inputs)
 
 
 def write_config(run_dir: Path, config: dict[str, Any]) -> None:
@@ -205,6 +263,18 @@ class LoadedRun:
     _features: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
     _featurizer: Any = field(default=None, repr=False)
     _counts: np.ndarray | None = field(default=None, repr=False)
+    #: use the run even when its dataset or features changed since training (a warning, not an error)
+    accept_changed: bool = False
+
+    def _changed(self, what: str, names: list[str], where: str) -> None:
+        """Refuse (or with :attr:`accept_changed` warn about) inputs that differ from the run's record."""
+        if not names:
+            return
+        text = (f"{self.run_dir}: the run's {what} changed since it was trained: {', '.join(names)} in "
+                f"{where} differ from the fingerprints in {CONFIG}")
+        if not self.accept_changed:
+            raise UserError(f"{text}; train again on it, or add {ACCEPT_CHANGED} to use it anyway")
+        console.warning(f"warning: {text} ({ACCEPT_CHANGED}: the results may be meaningless)")
 
     @property
     def dataset(self) -> PreparedDataset:
@@ -212,6 +282,8 @@ class LoadedRun:
         if self._dataset is None:
             if not self.settings.data:
                 raise UserError(f"{self.run_dir}: the run's config names no prepared dataset")
+            self._changed("prepared dataset", changed_dataset_files(self.config, self.settings.data),
+                          self.settings.data)
             self._dataset = PreparedDataset.load(self.settings.data)
         return self._dataset
 
@@ -221,7 +293,11 @@ class LoadedRun:
         if self._features is None:
             if not self.settings.features:
                 raise UserError(f"{self.run_dir}: the run's config names no feature store")
-            self._features = read_features(self.settings.features, self.dataset)
+            x, valid = read_features(self.settings.features, self.dataset)
+            recorded = (self.config.get("fingerprints") or {}).get("features")
+            if recorded is not None and features_fingerprint(x, valid) != recorded:
+                self._changed("features", ["the feature matrix"], self.settings.features)
+            self._features = (x, valid)
             self._counts = read_region_counts(self.settings.features)
         return self._features
 
@@ -272,8 +348,13 @@ class LoadedRun:
                                 codec=self.codec, counts=self.region_counts)
 
 
-def load_run(run_dir: str | os.PathLike, checkpoint: str = "best", device: str = "auto") -> LoadedRun:
-    """Rebuild the model of ``run_dir`` from ``checkpoints/<checkpoint>.pt`` (``best`` or ``last``)."""
+def load_run(run_dir: str | os.PathLike, checkpoint: str = "best", device: str = "auto",
+             accept_changed: bool = False) -> LoadedRun:
+    """Rebuild the model of ``run_dir`` from ``checkpoints/<checkpoint>.pt`` (``best`` or ``last``).
+
+    The run's dataset and features are checked against the fingerprints of its ``config.json`` when
+    first read: a change is a :class:`UserError` naming it, or with ``accept_changed`` a warning.
+    """
     from train.models.vse import build_model
 
     run_dir = Path(run_dir)
@@ -282,18 +363,18 @@ def load_run(run_dir: str | os.PathLike, checkpoint: str = "best", device: str =
     config = read_config(run_dir)
     settings = settings_from_config(config["settings"])
     dev = resolve_device(device)
-    state = load_checkpoint(run_dir / "checkpoints" / f"{checkpoint}.pt", map_location="cpu")
+    state = load_checkpoint(RunDir(run_dir).checkpoint(checkpoint), map_location="cpu")
     vocab_size, feature_shape = model_sizes(config)
     model = build_model(settings, vocab_size, feature_shape)
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as exc:
         first = str(exc).splitlines()[1].strip() if len(str(exc).splitlines()) > 1 else str(exc)
-        raise UserError(f"{run_dir}/checkpoints/{checkpoint}.pt does not fit the model this code builds "
+        raise UserError(f"{RunDir(run_dir).checkpoint(checkpoint)} does not fit the model this code builds "
                         f"(trained with code {config.get('code_version', '?')}): {first}") from None
     model.to(dev).eval()
     return LoadedRun(run_dir=run_dir, settings=settings, config=config, model=model, device=dev,
-                     checkpoint=checkpoint, epoch=int(state["epoch"]))
+                     checkpoint=checkpoint, epoch=int(state["epoch"]), accept_changed=accept_changed)
 
 
 def embed_split(run: LoadedRun, split: str, texts: list[str] | None = None, lang: str | None = None

@@ -14,9 +14,11 @@ from typing import Any
 
 from prep.errors import UserError
 from prep.io import write_json_atomic
+from prep.outputs import check_output_file
+from train.evaluate_cli import check_distinct
 from train.plots import plot_parameters_vs_rsum
+from train.rundir import RunDir
 from train.runs import read_config
-from train.trainer import METRICS
 
 #: the settings that tell runs of one family apart in the table
 DESCRIBING_KEYS = ("version", "p", "arch", "variant", "hops", "kind", "d", "measure", "loss", "batch_size")
@@ -30,9 +32,8 @@ def run_summary(run_dir: str | Path, protocol: str | None = None) -> dict[str, A
     run_dir = Path(run_dir)
     config = read_config(run_dir)
     settings = config.get("settings", {})
-    metrics_file = run_dir / METRICS
-    history = ([json.loads(line) for line in metrics_file.read_text().splitlines()]
-               if metrics_file.is_file() else [])
+    metrics_file = RunDir(run_dir).metrics
+    history = _read_json_lines(metrics_file) if metrics_file.is_file() else []
     row: dict[str, Any] = {
         "name": run_dir.name, "run": str(run_dir), "family": config.get("family", settings.get("family")),
         "settings": {k: settings[k] for k in DESCRIBING_KEYS if k in settings},
@@ -42,14 +43,34 @@ def run_summary(run_dir: str | Path, protocol: str | None = None) -> dict[str, A
         "best_val_rsum": max((r["rsum"] for r in history), default=None),
         "test": None,
     }
-    test_file = run_dir / "eval" / "test.json"
+    test_file = RunDir(run_dir).test_eval
     if test_file.is_file():
-        protocols = json.loads(test_file.read_text())["protocols"]
+        protocols = _read_json(test_file).get("protocols")
+        if not isinstance(protocols, dict) or not protocols:
+            raise UserError(f"{test_file}: not a test evaluation (no protocols)")
         name = protocol or next(iter(protocols))
         if name not in protocols:
             raise UserError(f"{test_file}: no protocol '{name}' (it has {', '.join(protocols)})")
         row["test"] = {"protocol": name, **protocols[name]}
     return row
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise UserError(f"{path}: not readable as JSON ({type(exc).__name__})") from None
+    return value if isinstance(value, dict) else {}
+
+
+def _read_json_lines(path: Path) -> list[dict[str, Any]]:
+    try:
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise UserError(f"{path}: not readable as JSON lines ({type(exc).__name__})") from None
+    if not all(isinstance(r, dict) and isinstance(r.get("rsum"), int | float) and "epoch" in r for r in rows):
+        raise UserError(f"{path}: not a run's metrics (a line without epoch and rsum)")
+    return rows
 
 
 def format_summary(rows: list[dict[str, Any]]) -> str:
@@ -70,6 +91,11 @@ def format_summary(rows: list[dict[str, Any]]) -> str:
 
 
 def _command(args: argparse.Namespace) -> int:
+    outputs = {"--json": args.json, "--plot": args.plot}
+    check_distinct(outputs)
+    for option, path in outputs.items():
+        if path:  # never over a run (an input) nor inside one; an existing file only with --overwrite
+            check_output_file(path, inputs=args.runs, overwrite=args.overwrite, option=option)
     rows = [run_summary(r, args.protocol) for r in args.runs]
     print(format_summary(rows))
     if args.json:
@@ -92,4 +118,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--protocol", default=None, help="test protocol to report (default: each run's first)")
     p.add_argument("--plot", metavar="PNG", default=None, help="write parameters vs test rsum here")
     p.add_argument("--json", metavar="PATH", default=None, help="also write the rows as JSON")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --plot or --json file")
     p.set_defaults(func=_command)

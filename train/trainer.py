@@ -55,12 +55,10 @@ from train.data import (
 )
 from train.objectives import Objective
 from train.plots import plot_training_curves
+from train.rundir import BEST, CURVES, LAST, METRICS, TENSORBOARD, RunDir
 
-BEST = "best.pt"
-LAST = "last.pt"
-METRICS = "metrics.jsonl"
-CURVES = "curves.png"
-TENSORBOARD = "tensorboard"
+__all__ = ["BEST", "CURVES", "LAST", "METRICS", "TENSORBOARD", "Trainer", "embed_caption_set", "embed_codes",
+           "embed_images", "resolve_device", "retrieval_metrics", "write_evaluation"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -261,7 +259,7 @@ class Trainer:
     @property
     def checkpoint_dir(self) -> Path:
         """``<run_dir>/checkpoints``."""
-        return self.run_dir / "checkpoints"
+        return RunDir(self.run_dir).checkpoints
 
     def state(self) -> dict[str, Any]:
         """The whole training state as a ``torch.save``-able dictionary."""

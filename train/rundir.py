@@ -1,0 +1,307 @@
+"""The one owner of a run directory's layout: its file names, its marker, and what train may replace.
+
+A run directory holds::
+
+    .vse-run               the marker (prep.outputs.RUN_MARKER), written when a run starts
+    config.json            resolved settings, sizes, fingerprints of the inputs, code version
+    checkpoints/best.pt    the best validation rsum so far (complete training state)
+    checkpoints/last.pt    the newest state: end of an epoch, or mid-epoch every checkpoint_every steps
+    metrics.jsonl          one JSON object per finished epoch
+    curves.png, train.log, tensorboard/
+    eval/                  test.json after training; train evaluate's <split>_<checkpoint>[_<lang>].json,
+                           noise_<split>.json/.png and length_<split>.json
+    eval.stage.json        the evaluate stage's state of ``train pipeline``
+
+:class:`RunDir` names these paths (no other module spells them), recognises a run (the marker, or
+for runs written before it existed: ``config.json`` beside a ``checkpoints/`` folder holding only
+files train writes), lists the entries train did not write, and applies the ``--out`` rule of a
+training run (:meth:`RunDir.prepare`) and of a command writing into a run's ``eval/``
+(:meth:`RunDir.check_eval_output`). ``docs/safety.md`` states the rules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from prep.errors import UserError
+from prep.outputs import RUN, RUN_MARKER, check_not_input, check_output_file, enclosing_artifact
+
+CONFIG = "config.json"
+CHECKPOINTS = "checkpoints"
+BEST = "best.pt"
+LAST = "last.pt"
+METRICS = "metrics.jsonl"
+CURVES = "curves.png"
+TENSORBOARD = "tensorboard"
+TRAIN_LOG = "train.log"
+EVAL = "eval"
+TEST_EVAL = "test.json"
+#: the evaluate stage's state file of ``train pipeline`` (``<run>/eval`` + ``.stage.json``)
+EVAL_STAGE = "eval.stage.json"
+
+#: top-level files train writes into a run directory
+_TOP_FILES = frozenset({RUN_MARKER, CONFIG, METRICS, CURVES, TRAIN_LOG, EVAL_STAGE})
+_CHECKPOINT_FILES = frozenset({BEST, LAST})
+#: files of ``eval/``: the test evaluation after training and ``train evaluate``'s default outputs
+_EVAL_FILE = re.compile(r"test\.json|(train|val|test)_(best|last)(_[\w.-]+)?\.json"
+                        r"|noise_(train|val|test)\.(json|png)|length_(train|val|test)\.json")
+_TENSORBOARD_FILE = re.compile(r"events\.out\.tfevents\..+")
+
+
+def _temporary_of(name: str, written: Iterable[str] | re.Pattern[str]) -> bool:
+    """Whether ``name`` is the temporary of an atomic write of one of the ``written`` names
+    (``.NAME.HOST-PID.XXXX.tmp``, ``.metrics.jsonl.tmp``)."""
+    if not (name.startswith(".") and name.endswith(".tmp")):
+        return False
+    body = name[1:]
+    prefixes = [body[:i] for i, ch in enumerate(body) if ch == "."]
+    if isinstance(written, re.Pattern):
+        return any(written.fullmatch(p) is not None for p in prefixes)
+    return any(p in written for p in prefixes)
+
+
+def is_eval_file(name: str) -> bool:
+    """Whether ``name`` is a file train writes into a run's ``eval/`` folder (see the module doc)."""
+    return _EVAL_FILE.fullmatch(name) is not None
+
+
+def _resolved(path: str | os.PathLike) -> Path:
+    return Path(os.path.realpath(os.path.abspath(os.fspath(path))))
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A run directory: its paths, whether it holds a run, and what train may replace in it."""
+
+    path: Path
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        object.__setattr__(self, "path", Path(path))
+
+    # -- the layout ---------------------------------------------------------------------------------
+    @property
+    def config(self) -> Path:
+        """``config.json``."""
+        return self.path / CONFIG
+
+    @property
+    def marker(self) -> Path:
+        """The marker :data:`prep.outputs.RUN_MARKER`."""
+        return self.path / RUN_MARKER
+
+    @property
+    def checkpoints(self) -> Path:
+        """The ``checkpoints/`` folder."""
+        return self.path / CHECKPOINTS
+
+    def checkpoint(self, which: str) -> Path:
+        """``checkpoints/best.pt`` or ``checkpoints/last.pt`` (``which``: best, last or the file name)."""
+        return self.checkpoints / (which if which.endswith(".pt") else f"{which}.pt")
+
+    @property
+    def best(self) -> Path:
+        """``checkpoints/best.pt``."""
+        return self.checkpoints / BEST
+
+    @property
+    def last(self) -> Path:
+        """``checkpoints/last.pt``."""
+        return self.checkpoints / LAST
+
+    @property
+    def metrics(self) -> Path:
+        """``metrics.jsonl``."""
+        return self.path / METRICS
+
+    @property
+    def curves(self) -> Path:
+        """``curves.png``."""
+        return self.path / CURVES
+
+    @property
+    def tensorboard(self) -> Path:
+        """``tensorboard/``."""
+        return self.path / TENSORBOARD
+
+    @property
+    def log(self) -> Path:
+        """``train.log``."""
+        return self.path / TRAIN_LOG
+
+    @property
+    def eval_dir(self) -> Path:
+        """``eval/``."""
+        return self.path / EVAL
+
+    @property
+    def test_eval(self) -> Path:
+        """``eval/test.json``, the test evaluation written after training."""
+        return self.eval_dir / TEST_EVAL
+
+    # -- what is there ------------------------------------------------------------------------------
+    def is_run(self) -> bool:
+        """Whether the folder holds a run: the marker, or (runs written before it) ``config.json``
+        beside a ``checkpoints/`` folder holding only files train writes."""
+        try:
+            if self.marker.is_file():
+                return True
+            return (self.config.is_file() and self.checkpoints.is_dir()
+                    and not self._foreign_in(self.checkpoints, _CHECKPOINT_FILES))
+        except OSError:
+            return False
+
+    def holds_run(self) -> bool:
+        """Whether a run was started here (its ``config.json``, a checkpoint or a metrics record): starting
+        over then needs ``--overwrite`` (``train <family>`` and ``train pipeline`` alike)."""
+        return (self.config.is_file() or self.metrics.is_file()
+                or any(self.checkpoint(n).is_file() for n in _CHECKPOINT_FILES))
+
+    def foreign_entries(self) -> list[str]:
+        """Entries train did not write (relative names, sorted): ``--overwrite`` refuses a run holding any."""
+        if not self.path.is_dir():
+            return []
+        foreign = []
+        for entry in sorted(os.scandir(self.path), key=lambda e: e.name):
+            name = entry.name
+            if entry.is_dir(follow_symlinks=False) and name in (CHECKPOINTS, EVAL, TENSORBOARD):
+                written = {CHECKPOINTS: _CHECKPOINT_FILES, EVAL: _EVAL_FILE,
+                           TENSORBOARD: _TENSORBOARD_FILE}[name]
+                foreign += [f"{name}/{n}" for n in self._foreign_in(self.path / name, written)]
+            elif not (entry.is_file(follow_symlinks=False) and (name in _TOP_FILES or _temporary_of(name,
+                                                                                                   _TOP_FILES))):
+                foreign.append(name)
+        return foreign
+
+    @staticmethod
+    def _foreign_in(folder: Path, written: frozenset[str] | re.Pattern[str]) -> list[str]:
+        out = []
+        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+            name = entry.name
+            ok = entry.is_file(follow_symlinks=False) and (
+                (written.fullmatch(name) is not None if isinstance(written, re.Pattern) else name in written)
+                or _temporary_of(name, written))
+            if not ok:
+                out.append(name)
+        return out
+
+    def kept(self) -> str | None:
+        """What a stopped training run keeps, for :func:`prep.errors.resume_hint`, e.g. ``epoch 3 kept:
+        re-run with --resume``; None without a checkpoint."""
+        if not self.last.is_file():
+            return None
+        try:
+            epochs = sum(1 for line in self.metrics.read_text(encoding="utf-8").splitlines() if line.strip())
+        except OSError:
+            epochs = 0
+        where = f"epoch {epochs}" if epochs else "a checkpoint of epoch 1"
+        return f"{where} kept: re-run with --resume"
+
+    # -- the rules ----------------------------------------------------------------------------------
+    def check(self, resume: bool, overwrite: bool, inputs: Iterable[str | os.PathLike | None] = ()) -> None:
+        """Check ``--out`` before a run starts (or resumes), changing nothing (see :meth:`prepare`).
+
+        Refused with one line: ``/``, a file, an input of the run, a folder inside (or being) a prepared
+        dataset, feature store or another run, a folder holding files train did not write, a run
+        without ``--resume``/``--overwrite``, and ``--resume`` where there is no run.
+        """
+        path, out = self.path, _resolved(self.path)
+        if out == Path(out.anchor):
+            raise UserError(f"--out {path}: is the file system root; give the run a folder of its own")
+        if (path.exists() or path.is_symlink()) and not path.is_dir():
+            raise UserError(f"--out {path}: exists and is not a folder; give a new or empty folder")
+        check_not_input(path, inputs)
+        found = enclosing_artifact(out)
+        if found is not None and not (found[0] == out and found[1] == RUN):
+            folder, kind = found
+            where = f"is a {kind}" if folder == out else f"lies inside the {kind} {folder}"
+            raise UserError(f"--out {path}: {where}; give the run a new or empty folder")
+        if resume:
+            if not self.is_run():
+                raise UserError(f"no run at {path} to resume (no {RUN_MARKER}, or {CONFIG} beside "
+                                f"{CHECKPOINTS}/); drop --resume to start one")
+            if not self.last.is_file():
+                raise UserError(f"{path}: nothing to resume (no {CHECKPOINTS}/{LAST}); drop --resume to "
+                                "start")
+            return
+        if not (path.is_dir() and any(path.iterdir())):
+            return
+        foreign = self.foreign_entries()
+        if not self.is_run():
+            first = (foreign or sorted(p.name for p in path.iterdir()))[0]
+            raise UserError(f"--out {path}: not a run directory and holds a file train did not write: "
+                            f"{first}; give --out a new or empty folder")
+        if self.holds_run() and not overwrite:
+            raise UserError(f"--out {path}: already holds a run ({self._describe()}); use --resume to "
+                            "continue it or --overwrite to start over")
+        if foreign:
+            more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
+            raise UserError(f"--out {path}: holds a file train did not write: {foreign[0]}{more}; "
+                            "move it away or give another --out (--overwrite replaces only a whole run)")
+
+    def prepare(self, resume: bool, overwrite: bool, inputs: Iterable[str | os.PathLike | None] = ()) -> None:
+        """:meth:`check`, then (starting over) remove what the old run wrote and nothing else; create the
+        folder and write the marker. Call it holding the run directory's lock."""
+        self.check(resume, overwrite, inputs)
+        if not resume and self.path.is_dir():
+            self.clear()
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.mark()
+
+    def _describe(self) -> str:
+        there = [f"{CHECKPOINTS}/{n}" for n in (LAST, BEST) if self.checkpoint(n).is_file()]
+        there += [p.name for p in (self.metrics, self.config) if p.is_file()]
+        return ", ".join(there)
+
+    def mark(self) -> None:
+        """Write the marker (a run written before markers existed gets one when it resumes)."""
+        if not self.marker.is_file():
+            self.marker.write_text("a run directory written by `train`: --overwrite replaces only the files "
+                                   "train writes here\n", encoding="utf-8")
+
+    def clear(self) -> None:
+        """Remove the files train writes (and the folders they leave empty); keep everything else."""
+        for name, written in ((CHECKPOINTS, _CHECKPOINT_FILES), (EVAL, _EVAL_FILE),
+                              (TENSORBOARD, _TENSORBOARD_FILE)):
+            folder = self.path / name
+            if not folder.is_dir() or folder.is_symlink():
+                continue
+            foreign = set(self._foreign_in(folder, written))
+            for entry in os.scandir(folder):
+                if entry.name not in foreign:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        for entry in os.scandir(self.path):
+            if entry.is_file(follow_symlinks=False) and (entry.name in _TOP_FILES - {RUN_MARKER}
+                                                         or _temporary_of(entry.name, _TOP_FILES)):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+
+    def check_eval_output(self, path: str | os.PathLike, *, option: str, overwrite: bool,
+                          inputs: Iterable[str | os.PathLike | None] = (), default: bool = False) -> Path:
+        """Check a file a reader of this run writes (``--json``, ``--ranks``, ``--gallery``, its outputs).
+
+        Inside the run, only its ``eval/`` folder may be written, where a ``default`` output (one the
+        command names itself, e.g. ``eval/test_best.json``) of a name train writes there
+        (:func:`is_eval_file`) is replaced without ``overwrite``: a re-evaluation replaces its own
+        results. Elsewhere the rules of :func:`prep.outputs.check_output_file` apply. The run's
+        ``config.json`` and checkpoints are inputs in any case.
+        """
+        out, root = _resolved(path), _resolved(self.path)
+        inputs = [*inputs, self.config, self.checkpoints]
+        if out == root or root in out.parents:
+            if not (out.parent == _resolved(self.eval_dir)):
+                check_not_input(path, inputs, option)
+                raise UserError(f"{option} {path}: lies inside the run directory {self.path} but not in its "
+                                f"{EVAL}/ folder; write it to {self.eval_dir} or elsewhere")
+            own = default and is_eval_file(out.name)
+            return check_output_file(path, inputs=inputs, overwrite=overwrite or own, owner=self.path,
+                                     option=option)
+        return check_output_file(path, inputs=inputs, overwrite=overwrite, option=option)
+
