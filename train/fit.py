@@ -25,7 +25,12 @@ from prep.dataset import PreparedDataset
 from prep.errors import DEVICE_HELP, UserError
 from prep.io import exclusive_lock
 from prep.pipelines import TrainSection, add_pipeline_arguments, stage_settings
-from train.checkpoint import load_checkpoint, remove_stale_temporaries
+from train.checkpoint import (
+    check_model_state,
+    check_optimizer_state,
+    newest_checkpoint,
+    remove_stale_temporaries,
+)
 from train.data import (
     CaptionSet,
     PairSet,
@@ -504,18 +509,25 @@ def _words_fingerprint(data: str, spec: ModelSpec) -> dict[str, str]:
 
 def _continue(trainer: Trainer, settings: TrainSection, log: Callable[[str], None]) -> None:
     """Load the newest checkpoint into ``trainer`` (a run extended by a larger --epochs goes on)."""
-    path = trainer.checkpoint_dir / LAST
-    state = load_checkpoint(path, map_location="cpu")
+    found = newest_checkpoint(trainer.checkpoint_dir, (LAST, BEST))
+    if found is None:
+        raise UserError(f"{trainer.run_dir}: nothing to resume (no checkpoints/{LAST} or {BEST})")
+    path, state = found
+    check_model_state(trainer.model, state["model"], str(path))
+    check_optimizer_state(trainer.optimizer, state.get("optimizer", {}), str(path))
     try:
         trainer.load_state(state)
-    except (RuntimeError, ValueError, KeyError) as exc:
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UserError(f"{path}: cannot continue from it with this code "
                         f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
     if trainer.finished and trainer.can_continue():
         trainer.finished = False
     where = (f"epoch {trainer.epoch + 1}, batch {trainer.position}" if trainer.position
              else f"the end of epoch {trainer.epoch}")
-    log(f"resuming {trainer.run_dir} at {where} (step {trainer.global_step})")
+    log(f"resuming {trainer.run_dir} from checkpoints/{path.name} at {where} (step {trainer.global_step})")
+    if not trainer.finished and not trainer.can_continue() and trainer._has_next_phase():
+        # best.pt written at the end of a phase, before the next one began (killed writing last.pt)
+        trainer._next_phase()
 
 
 def evaluate_test(run_dir: Path, settings: TrainSection, device: torch.device,

@@ -30,10 +30,10 @@ from prep.dataset import CHARS_FILE, DATASET_FILE, PreparedDataset
 from prep.errors import UserError
 from prep.io import sha256_file, write_json_atomic
 from prep.pipelines import TrainSection
-from train.checkpoint import load_checkpoint
+from train.checkpoint import check_model_state, load_checkpoint
 from train.data import CaptionSet, TextCodec, codec_for, load_caption_set, read_features, read_region_counts
 from train.models.registry import model_spec
-from train.trainer import LAST, METRICS, embed_caption_set, embed_codes, resolve_device
+from train.trainer import BEST, LAST, METRICS, embed_caption_set, embed_codes, resolve_device
 
 CONFIG = "config.json"
 #: settings that may change when a run resumes: where it runs and how long it may go on
@@ -108,11 +108,54 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     """The ``config.json`` of a run directory (a :class:`UserError` if it is not one)."""
     path = Path(run_dir) / CONFIG
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return validate_config(json.loads(path.read_text(encoding="utf-8")), path)
     except FileNotFoundError:
         raise UserError(f"{run_dir}: not a run directory (no {CONFIG})") from None
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: invalid JSON: {exc.msg}") from None
+    except (UnicodeDecodeError, RecursionError, OSError) as exc:
+        raise UserError(f"{path}: not a readable {CONFIG} ({type(exc).__name__})") from None
+
+
+#: bounds of the model sizes a config.json may ask for (a hostile file must not allocate terabytes)
+MAX_VOCAB_SIZE = 10_000_000
+MAX_FEATURE_DIM = 1_000_000
+
+
+def validate_config(config: Any, path: str | os.PathLike) -> dict[str, Any]:
+    """``config`` if it is a run's ``config.json`` content, else a one-line :class:`UserError` (``path``).
+
+    The settings go through the schema a new run is validated with (:func:`settings_from_config`);
+    the model sizes must be positive integers within :data:`MAX_VOCAB_SIZE` / :data:`MAX_FEATURE_DIM`.
+    """
+    from pydantic import ValidationError
+
+    if not isinstance(config, dict) or not isinstance(config.get("settings"), dict):
+        raise UserError(f"{path}: not a run configuration (no 'settings' object)")
+    try:
+        settings = settings_from_config(config["settings"])
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        raise UserError(f"{path}: settings.{loc}: {err['msg']}") from None
+    if config.get("family", settings.family) != settings.family:
+        raise UserError(f"{path}: family {config.get('family')!r} differs from settings.family")
+    vocab = config.get("vocab_size", config.get("alphabet_size"))
+    shape = config.get("feature_shape") or [config.get("image_dim")]
+    if not _count(vocab, MAX_VOCAB_SIZE):
+        raise UserError(f"{path}: vocab_size {vocab!r} is not an integer from 1 to {MAX_VOCAB_SIZE:,}")
+    if not isinstance(shape, list) or not 1 <= len(shape) <= 3 or not all(_count(v, MAX_FEATURE_DIM)
+                                                                           for v in shape):
+        raise UserError(f"{path}: feature_shape {shape!r} is not 1 to 3 integers from 1 to "
+                        f"{MAX_FEATURE_DIM:,}")
+    for key in ("fingerprints", "parameters", "data"):
+        if not isinstance(config.get(key, {}), dict):
+            raise UserError(f"{path}: '{key}' is not an object")
+    return config
+
+
+def _count(value: Any, most: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= most
 
 
 def settings_from_config(values: dict[str, Any]) -> TrainSection:
@@ -159,8 +202,9 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
     ckpt = run_dir / "checkpoints"
     has_checkpoints = ckpt.is_dir() and any(ckpt.glob("*.pt"))
     if resume:
-        if not (ckpt / LAST).is_file():
-            raise UserError(f"{run_dir}: nothing to resume (no checkpoints/{LAST}); drop --resume to start")
+        if not any((ckpt / name).is_file() for name in (LAST, BEST)):
+            raise UserError(f"{run_dir}: nothing to resume (no checkpoints/{LAST} or {BEST}); drop --resume "
+                            "to start")
         return
     if has_checkpoints or (run_dir / METRICS).exists():
         if not overwrite:
@@ -236,6 +280,12 @@ class LoadedRun:
         """How the run's text encoder reads captions (its family's text input and the run's limits)."""
         return codec_for(self.settings, self.dataset, model_spec(self.settings).text_input)
 
+    def feature_store_config(self) -> dict[str, Any]:
+        """The ``config`` attribute of the run's feature store: how its rows were extracted."""
+        from features.store import FeatureStore, parse_spec
+
+        return dict(FeatureStore(parse_spec(self.settings.features)[0]).attrs.get("config", {}))
+
     def encode_text(self, texts: list[str]) -> torch.Tensor:
         """Caption embeddings (M, d) of arbitrary texts (see :func:`encode_texts`)."""
         return encode_texts(self, list(texts))
@@ -277,6 +327,10 @@ def load_run(run_dir: str | os.PathLike, checkpoint: str = "best", device: str =
     from train.models.vse import build_model
 
     run_dir = Path(run_dir)
+    if is_model_folder(run_dir):  # a model made for sharing (train export-model)
+        from train.model_export import load_model_folder
+
+        return load_model_folder(run_dir, checkpoint, device)
     if checkpoint not in ("best", "last"):
         raise UserError(f"unknown checkpoint '{checkpoint}' (expected best or last)")
     config = read_config(run_dir)
@@ -285,6 +339,7 @@ def load_run(run_dir: str | os.PathLike, checkpoint: str = "best", device: str =
     state = load_checkpoint(run_dir / "checkpoints" / f"{checkpoint}.pt", map_location="cpu")
     vocab_size, feature_shape = model_sizes(config)
     model = build_model(settings, vocab_size, feature_shape)
+    check_model_state(model, state["model"], f"{run_dir}/checkpoints/{checkpoint}.pt")
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as exc:
@@ -294,6 +349,14 @@ def load_run(run_dir: str | os.PathLike, checkpoint: str = "best", device: str =
     model.to(dev).eval()
     return LoadedRun(run_dir=run_dir, settings=settings, config=config, model=model, device=dev,
                      checkpoint=checkpoint, epoch=int(state["epoch"]))
+
+
+def is_model_folder(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a model folder written by ``train export-model`` (not a run directory)."""
+    from train.model_export import MODEL_JSON
+
+    path = Path(path)
+    return (path / MODEL_JSON).is_file() and not (path / CONFIG).exists()
 
 
 def embed_split(run: LoadedRun, split: str, texts: list[str] | None = None, lang: str | None = None

@@ -31,8 +31,7 @@ def run_summary(run_dir: str | Path, protocol: str | None = None) -> dict[str, A
     config = read_config(run_dir)
     settings = config.get("settings", {})
     metrics_file = run_dir / METRICS
-    history = ([json.loads(line) for line in metrics_file.read_text().splitlines()]
-               if metrics_file.is_file() else [])
+    history = _read_history(metrics_file) if metrics_file.is_file() else []
     row: dict[str, Any] = {
         "name": run_dir.name, "run": str(run_dir), "family": config.get("family", settings.get("family")),
         "settings": {k: settings[k] for k in DESCRIBING_KEYS if k in settings},
@@ -44,12 +43,53 @@ def run_summary(run_dir: str | Path, protocol: str | None = None) -> dict[str, A
     }
     test_file = run_dir / "eval" / "test.json"
     if test_file.is_file():
-        protocols = json.loads(test_file.read_text())["protocols"]
+        protocols = _read_json(test_file).get("protocols")
+        if not isinstance(protocols, dict) or not protocols:
+            raise UserError(f"{test_file}: no 'protocols' object")
         name = protocol or next(iter(protocols))
         if name not in protocols:
             raise UserError(f"{test_file}: no protocol '{name}' (it has {', '.join(protocols)})")
-        row["test"] = {"protocol": name, **protocols[name]}
+        result = protocols[name]
+        directions_ok = isinstance(result, dict) and all(
+            isinstance(result.get(d), dict) and _number(result[d].get("r1")) for d in ("i2t", "t2i"))
+        if not (directions_ok and _number(result.get("rsum"))):
+            raise UserError(f"{test_file}: protocol '{name}' lacks numeric rsum, i2t.r1 and t2i.r1")
+        row["test"] = {"protocol": name, **result}
     return row
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from a run's file (one-line :class:`UserError` for anything else)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise UserError(f"{path}: not readable JSON ({type(exc).__name__})") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{path}: not a JSON object")
+    return value
+
+
+def _read_history(path: Path) -> list[dict[str, Any]]:
+    """``metrics.jsonl``: one object per epoch with an integer ``epoch`` and a numeric ``rsum``."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text") from None
+    history = []
+    for n, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            raise UserError(f"{path}: line {n} is not JSON") from None
+        if not (isinstance(record, dict) and isinstance(record.get("epoch"), int)
+                and _number(record.get("rsum"))):
+            raise UserError(f"{path}: line {n} is not an epoch record (integer epoch, numeric rsum)")
+        history.append(record)
+    return history
 
 
 def format_summary(rows: list[dict[str, Any]]) -> str:
