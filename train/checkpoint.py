@@ -186,8 +186,11 @@ def needs_pickle_message(path: str | os.PathLike) -> str:
             f"yourself, re-save it once with `{CONVERT_COMMAND}`")
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu", mmap: bool = False
+                    ) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint` with the pickle-free loader.
+
+    ``mmap``: map the tensors' storage instead of reading it (a cheap check of a large file).
 
     Raises:
         UserError: (one line naming ``path``) missing, unreadable, needing pickle (a foreign file
@@ -197,7 +200,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     if not path.is_file():
         raise UserError(f"{path}: no such checkpoint")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError:
         raise UserError(needs_pickle_message(path)) from None
     except Exception as exc:  # a damaged or foreign file: say which one

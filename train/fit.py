@@ -50,6 +50,7 @@ from train.runs import (
     default_run_dir,
     embed_split,
     features_fingerprint,
+    is_model_folder,
     load_run,
     prepare_run_dir,
     read_config,
@@ -281,6 +282,9 @@ def _command(family: str, args: argparse.Namespace) -> int:
         if args.resume:
             raise UserError("--resume needs --out RUN_DIR (the run to continue)")
         args.out = default_run_dir(family)
+    if args.resume and args.out and is_model_folder(args.out):
+        raise UserError(f"{args.out}: a model folder made for sharing (export-model) has no optimiser or "
+                        "random states: it can be evaluated and queried, not resumed")
     if args.resume and not args.pipeline and (Path(args.out) / "config.json").is_file():
         # options not given again are those the run was started with
         stored = settings_from_config(read_config(args.out)["settings"])

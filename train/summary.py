@@ -2,7 +2,8 @@
 
 Reads only what runs wrote (``config.json``, ``metrics.jsonl``, ``eval/test.json``), so it works
 on runs of any family, finished or not (a run without a test evaluation shows its best validation
-rsum and no test numbers).
+rsum and no test numbers). Every file is validated (one-line errors), and the checkpoints are opened
+with the pickle-free loader, so a shared run whose checkpoint would need pickle is refused here too.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from prep.errors import UserError
 from prep.io import write_json_atomic
+from train.checkpoint import load_checkpoint
 from train.plots import plot_parameters_vs_rsum
 from train.runs import read_config
 from train.trainer import METRICS
@@ -29,6 +31,7 @@ def run_summary(run_dir: str | Path, protocol: str | None = None) -> dict[str, A
     """
     run_dir = Path(run_dir)
     config = read_config(run_dir)
+    check_checkpoints(run_dir)
     settings = config.get("settings", {})
     metrics_file = run_dir / METRICS
     history = _read_history(metrics_file) if metrics_file.is_file() else []
@@ -56,6 +59,13 @@ def run_summary(run_dir: str | Path, protocol: str | None = None) -> dict[str, A
             raise UserError(f"{test_file}: protocol '{name}' lacks numeric rsum, i2t.r1 and t2i.r1")
         row["test"] = {"protocol": name, **result}
     return row
+
+
+def check_checkpoints(run_dir: Path) -> None:
+    """Open each ``checkpoints/*.pt`` with the pickle-free loader, tensors memory-mapped (cheap): a run
+    whose checkpoints would need pickle (a foreign or tampered file) is reported before anyone uses it."""
+    for path in sorted((run_dir / "checkpoints").glob("*.pt")):
+        load_checkpoint(path, mmap=True)
 
 
 def _number(value: Any) -> bool:
