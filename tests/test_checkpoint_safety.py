@@ -326,3 +326,32 @@ def test_a_tampered_model_folder_is_refused(trained, tmp_path, capsys) -> None:
     (model / "model.json").write_bytes(b"\xff\xfe\x00binary")
     assert train_main(["query", "--run", str(model), "--text", "x", "--device", "cpu"]) == 2
     assert "model.json" in one_line_error(capsys)
+
+
+SIGTERM_DURING_SAVE = """
+import os, signal, sys, torch
+from train import checkpoint
+real_save = torch.save
+def terminated_save(obj, fh):
+    os.kill(os.getpid(), signal.SIGTERM)  # `kill` arrives while the file is being written
+    real_save(obj, fh)
+checkpoint.torch.save = terminated_save
+checkpoint.save_checkpoint(sys.argv[1], {"model": {"w": torch.arange(100000.0)}, "epoch": 1})
+print("not reached: SIGTERM takes effect once the file is in place", flush=True)
+"""
+
+
+def test_sigterm_during_a_checkpoint_write_terminates_after_the_write(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from test_trainer import ROOT
+
+    path = tmp_path / "last.pt"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", SIGTERM_DURING_SAVE, str(path)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGTERM, proc.stderr
+    assert "not reached" not in proc.stdout
+    assert torch.equal(load_checkpoint(path)["model"]["w"], torch.arange(100000.0))
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]

@@ -73,7 +73,8 @@ def _run_features(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
 def _run_train(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
     from train.fit import run_training
 
-    has_checkpoint = (Path(pipe.train.out) / "checkpoints").is_dir()
+    # a run killed while writing its first checkpoint has a checkpoints/ folder without one
+    has_checkpoint = any((Path(pipe.train.out) / "checkpoints").glob("*.pt"))
     run_training(pipe.train, resume=resume and has_checkpoint, overwrite=overwrite or resume)
 
 
