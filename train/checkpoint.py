@@ -276,16 +276,17 @@ def newest_checkpoint(folder: str | os.PathLike, names: tuple[str, ...] = ("last
     second write (its first ``last.pt``, or a later one) resumes from ``best.pt``. A checkpoint that is
     present but cannot be read safely is an error, never skipped.
     """
-    found: list[tuple[tuple[int, int, int], Path, dict[str, Any]]] = []
+    found: list[tuple[tuple[int, int, int], Path]] = []
     for rank, name in enumerate(names):
         path = Path(folder) / name
         if path.is_file():
-            state = load_checkpoint(path, map_location="cpu")
-            found.append(((int(state.get("global_step", 0)), int(state["epoch"]), -rank), path, state))
+            state = load_checkpoint(path, mmap=True)  # every candidate checked; tensors only mapped
+            found.append(((int(state.get("global_step", 0)), int(state["epoch"]), -rank), path))
+            del state
     if not found:
         return None
-    _, path, state = max(found, key=lambda item: item[0])
-    return path, state
+    _, path = max(found, key=lambda item: item[0])
+    return path, load_checkpoint(path, map_location="cpu")
 
 
 def remove_stale_temporaries(folder: str | os.PathLike) -> int:
