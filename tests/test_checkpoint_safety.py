@@ -355,3 +355,35 @@ def test_sigterm_during_a_checkpoint_write_terminates_after_the_write(tmp_path) 
     assert "not reached" not in proc.stdout
     assert torch.equal(load_checkpoint(path)["model"]["w"], torch.arange(100000.0))
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def test_ctrl_c_right_after_the_first_checkpoint_stops_cleanly_and_resumes_exactly(data, tmp_path) -> None:
+    """SIGINT as soon as ``best.pt`` appears (usually while ``last.pt`` is being written): one line,
+    exit 130, no torn file, and ``--resume`` ends where an uninterrupted run ends."""
+    import time
+
+    from test_trainer import train_subprocess
+
+    prepared, features = data
+    common = ["chain", "--data", str(prepared), "--features", features, *TINY, "--epochs", "3"]
+    straight = tmp_path / "straight"
+    assert train_cli([*common, "--out", str(straight)]) == 0
+    stopped = tmp_path / "stopped"
+    proc = train_subprocess([*common, "--out", str(stopped)])
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (stopped / "checkpoints" / "best.pt").exists():
+                proc.send_signal(signal.SIGINT)
+                break
+            time.sleep(0.001)
+        stderr = proc.communicate(timeout=120)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and stderr.strip() == "train: interrupted", stderr
+    assert not list((stopped / "checkpoints").glob(".*.tmp"))
+    resumed = train_subprocess(["chain", "--out", str(stopped), "--resume"])
+    stderr = resumed.communicate(timeout=300)[1]
+    assert resumed.returncode == 0, stderr
+    assert metrics_without_timings(stopped) == metrics_without_timings(straight)
+    assert_same_weights(stopped / "checkpoints" / "last.pt", straight / "checkpoints" / "last.pt")
