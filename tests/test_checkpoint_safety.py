@@ -387,3 +387,36 @@ def test_ctrl_c_right_after_the_first_checkpoint_stops_cleanly_and_resumes_exact
     assert resumed.returncode == 0, stderr
     assert metrics_without_timings(stopped) == metrics_without_timings(straight)
     assert_same_weights(stopped / "checkpoints" / "last.pt", straight / "checkpoints" / "last.pt")
+
+
+def test_killed_writing_last_pt_at_a_curriculum_switch_resumes_into_the_next_phase(data, tmp_path,
+                                                                                 monkeypatch) -> None:
+    """POE: the epoch that ends the sum phase (its epoch budget) is also the best, so best.pt is written
+    just before the switch; killed while writing last.pt, the run resumes from best.pt into phase 2."""
+    from test_train_seam_vse import VSE_SMALL
+
+    prepared, features = data
+    script = [10.0, 12.0, 13.0, 14.0, 9.0, 8.0]
+    monkeypatch.setattr(fit.Trainer, "validate", lambda self: (script[self.epoch], {}))
+    common = ["vse", "--data", str(prepared), "--features", features, "--kind", "POE", *VSE_SMALL,
+              "--epochs", "3", "--early-stop", "1"]
+    straight = tmp_path / "straight"
+    assert train_cli([*common, "--out", str(straight)]) == 0
+
+    killed = tmp_path / "killed"
+    real_save = fit.Trainer.save
+
+    def die_writing_last_at_the_switch(self, name: str) -> None:
+        if name == "last.pt" and self.epoch == 3:
+            raise KeyboardInterrupt
+        real_save(self, name)
+
+    monkeypatch.setattr(fit.Trainer, "save", die_writing_last_at_the_switch)
+    assert train_cli([*common, "--out", str(killed)]) == 130
+    monkeypatch.setattr(fit.Trainer, "save", real_save)
+    assert load_checkpoint(killed / "checkpoints" / "best.pt")["epoch"] == 3
+    assert load_checkpoint(killed / "checkpoints" / "last.pt")["epoch"] == 2
+    assert train_cli(["vse", "--out", str(killed), "--resume"]) == 0
+    assert [r["phase"] for r in metrics_without_timings(killed)] == ["sum"] * 3 + ["max"] * 2
+    assert metrics_without_timings(killed) == metrics_without_timings(straight)
+    assert_same_weights(killed / "checkpoints" / "last.pt", straight / "checkpoints" / "last.pt")
