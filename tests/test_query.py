@@ -180,3 +180,26 @@ def test_search_another_collection_with_its_store(run_dir: Path, tmp_path: Path,
     assert train_main(["query", "--run", str(run_dir), "--text", "x", "--data", str(data),
                        "--device", "cpu"]) == 2
     assert "both --data and --features" in capsys.readouterr().err
+
+
+def test_a_shared_model_folder_queries_like_its_run(run_dir: Path, tmp_path: Path) -> None:
+    """``train export-model``: the folder embeds texts and images and ranks exactly as the run does, and
+    featurizes images from what model.json records, without the training store."""
+    model = tmp_path / "model"
+    assert train_main(["export-model", "--run", str(run_dir), "--out", str(model)]) == 0
+    run, shared = load_run(run_dir, device="cpu"), load_run(model, device="cpu")
+    emb = embed_split(run, "test")
+    paths = [str(run.dataset.images[i].path) for i in emb.imgids[:3]]
+    texts = ["a red circle", "blue"]
+    assert shared.search(text=texts, top=5) == run.search(text=texts, top=5)
+    assert shared.search(image=paths[0], top=3) == run.search(image=paths[0], top=3)
+
+    meta = json.loads((model / "model.json").read_text())
+    meta["settings"]["data"] = str(tmp_path / "gone")
+    meta["settings"]["features"] = str(tmp_path / "gone.zarr")
+    (model / "model.json").write_text(json.dumps(meta))
+    moved = load_run(model, device="cpu")
+    torch.testing.assert_close(moved.encode_images(paths), emb.images[:3], rtol=0, atol=1e-6)
+    torch.testing.assert_close(moved.encode_text(emb.texts[:2]), emb.captions[:2], rtol=0, atol=1e-6)
+    with pytest.raises(Exception, match="not on this machine"):
+        moved.search(text="a red circle")

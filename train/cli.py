@@ -13,7 +13,7 @@ from prep.errors import add_common_options, run_cli
 
 #: modules that register subcommands, in --help order
 COMMAND_MODULES = ("train.fit", "train.evaluate_cli", "train.query", "train.summary", "train.export",
-                   "train.pipeline")
+                   "train.model_export", "train.checkpoint_cli", "train.pipeline")
 
 
 def build_parser() -> argparse.ArgumentParser:

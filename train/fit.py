@@ -26,7 +26,12 @@ from prep.dataset import PreparedDataset
 from prep.errors import DEVICE_HELP, UserError, resume_hint
 from prep.io import exclusive_lock
 from prep.pipelines import TrainSection, add_pipeline_arguments, stage_settings
-from train.checkpoint import load_checkpoint, remove_stale_temporaries
+from train.checkpoint import (
+    check_model_state,
+    check_optimizer_state,
+    newest_checkpoint,
+    remove_stale_temporaries,
+)
 from train.data import (
     CaptionSet,
     PairSet,
@@ -39,7 +44,7 @@ from train.data import (
 )
 from train.evaluate import protocol_folds
 from train.models.registry import ModelSpec, model_spec, with_family_defaults
-from train.rundir import RunDir
+from train.rundir import BEST, LAST, RunDir
 from train.runs import (
     absolute_settings,
     check_same_config,
@@ -48,6 +53,7 @@ from train.runs import (
     embed_split,
     features_fingerprint,
     file_stats,
+    is_model_folder,
     load_run,
     prepare_run_dir,
     read_config,
@@ -279,6 +285,9 @@ def _command(family: str, args: argparse.Namespace) -> int:
         if args.resume:
             raise UserError("--resume needs --out RUN_DIR (the run to continue)")
         args.out = default_run_dir(family)
+    if args.resume and args.out and is_model_folder(args.out):
+        raise UserError(f"{args.out}: a model folder made for sharing (export-model) has no optimiser or "
+                        "random states: it can be evaluated and queried, not resumed")
     if args.resume and not args.pipeline:
         if not RunDir(args.out).is_run():
             raise UserError(f"no run at {args.out} to resume; drop --resume to start one")
@@ -564,18 +573,26 @@ def _words_fingerprint(data: str, spec: ModelSpec) -> dict[str, str]:
 
 def _continue(trainer: Trainer, settings: TrainSection, log: Callable[[str], None]) -> None:
     """Load the newest checkpoint into ``trainer`` (a run extended by a larger --epochs goes on)."""
-    path = RunDir(trainer.run_dir).last
-    state = load_checkpoint(path, map_location="cpu")
+    run = RunDir(trainer.run_dir)
+    found = newest_checkpoint(run.checkpoints, (LAST, BEST))
+    if found is None:
+        raise UserError(f"{trainer.run_dir}: nothing to resume (no checkpoints/{LAST} or {BEST})")
+    path, state = found
+    check_model_state(trainer.model, state["model"], str(path))
+    check_optimizer_state(trainer.optimizer, state.get("optimizer", {}), str(path))
     try:
         trainer.load_state(state)
-    except (RuntimeError, ValueError, KeyError) as exc:
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UserError(f"{path}: cannot continue from it with this code "
                         f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
     if trainer.finished and trainer.can_continue():
         trainer.finished = False
     where = (f"epoch {trainer.epoch + 1}, batch {trainer.position}" if trainer.position
              else f"the end of epoch {trainer.epoch}")
-    log(f"resuming {trainer.run_dir} at {where} (step {trainer.global_step})")
+    log(f"resuming {trainer.run_dir} from checkpoints/{path.name} at {where} (step {trainer.global_step})")
+    if not trainer.finished and not trainer.can_continue() and trainer._has_next_phase():
+        # best.pt written at the end of a phase, before the next one began (killed writing last.pt)
+        trainer._next_phase()
 
 
 def evaluate_test(run_dir: Path, settings: TrainSection, device: torch.device,

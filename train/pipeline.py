@@ -76,7 +76,9 @@ def _run_features(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
 def _run_train(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
     from train.fit import run_training
 
-    has_checkpoint = RunDir(pipe.train.out).last.is_file()
+    # a run killed while writing its first last.pt may still have best.pt to resume from
+    run = RunDir(pipe.train.out)
+    has_checkpoint = run.last.is_file() or run.best.is_file()
     run_training(pipe.train, resume=resume and has_checkpoint, overwrite=overwrite or resume)
 
 

@@ -108,7 +108,7 @@ def store_candidates(run: LoadedRun, data: str | Path, features: str, split: str
     cache = run.__dict__.setdefault("_store_candidates", {})
     if key in cache:
         return cache[key]
-    mine = FeatureStore(parse_spec(run.settings.features)[0]).attrs.get("config", {})
+    mine = run.feature_store_config()
     theirs = FeatureStore(parse_spec(features)[0]).attrs.get("config", {})
     if theirs.get("kind") == "fne" or mine.get("kind") == "fne":
         raise UserError(f"{features}: searching another Full-Network Embedding store is not supported: it is "

@@ -192,7 +192,7 @@ class RunDir:
     def kept(self) -> str | None:
         """What a stopped training run keeps, for :func:`prep.errors.resume_hint`, e.g. ``epoch 3 kept:
         re-run with --resume``; None without a checkpoint."""
-        if not self.last.is_file():
+        if not (self.last.is_file() or self.best.is_file()):
             return None
         try:
             epochs = sum(1 for line in self.metrics.read_text(encoding="utf-8").splitlines() if line.strip())
@@ -224,9 +224,9 @@ class RunDir:
             if not self.is_run():
                 raise UserError(f"no run at {path} to resume (no {RUN_MARKER}, or {CONFIG} beside "
                                 f"{CHECKPOINTS}/); drop --resume to start one")
-            if not self.last.is_file():
-                raise UserError(f"{path}: nothing to resume (no {CHECKPOINTS}/{LAST}); drop --resume to "
-                                "start")
+            if not (self.last.is_file() or self.best.is_file()):
+                raise UserError(f"{path}: nothing to resume (no {CHECKPOINTS}/{LAST} or {BEST}); drop "
+                                "--resume to start")
             return
         if not (path.is_dir() and any(path.iterdir())):
             return

@@ -23,7 +23,7 @@ from prep.dataset import CHARS_FILE, DATASET_FILE, WORDS_FILE, PreparedDataset
 from prep.errors import UserError
 from prep.io import sha256_file, write_json_atomic
 from prep.pipelines import TrainSection
-from train.checkpoint import load_checkpoint
+from train.checkpoint import check_model_state, load_checkpoint
 from train.data import (
     CaptionSet,
     TextCodec,
@@ -181,9 +181,50 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
         raise UserError(f"{path}: not a run's configuration (not UTF-8 text)") from None
     except (json.JSONDecodeError, RecursionError) as exc:
         raise UserError(f"{path}: invalid JSON: {getattr(exc, 'msg', 'nested too deeply')}") from None
+    except OSError as exc:
+        raise UserError(f"{path}: not a readable {CONFIG} ({type(exc).__name__})") from None
+    return validate_config(config, path)
+
+
+#: bounds of the model sizes a config.json may ask for (a hostile file must not allocate terabytes)
+MAX_VOCAB_SIZE = 10_000_000
+MAX_FEATURE_DIM = 1_000_000
+
+
+def validate_config(config: Any, path: str | os.PathLike) -> dict[str, Any]:
+    """``config`` if it is a run's ``config.json`` content, else a one-line :class:`UserError` (``path``).
+
+    The settings go through the schema a new run is validated with (:func:`settings_from_config`);
+    the model sizes must be positive integers within :data:`MAX_VOCAB_SIZE` / :data:`MAX_FEATURE_DIM`.
+    """
+    from pydantic import ValidationError
+
     if not isinstance(config, dict) or not isinstance(config.get("settings"), dict):
-        raise UserError(f"{path}: not a run's configuration (no settings)")
+        raise UserError(f"{path}: not a run configuration (no 'settings' object)")
+    try:
+        settings = settings_from_config(config["settings"])
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        raise UserError(f"{path}: settings.{loc}: {err['msg']}") from None
+    if config.get("family", settings.family) != settings.family:
+        raise UserError(f"{path}: family {config.get('family')!r} differs from settings.family")
+    vocab = config.get("vocab_size", config.get("alphabet_size"))
+    shape = config.get("feature_shape") or [config.get("image_dim")]
+    if not _count(vocab, MAX_VOCAB_SIZE):
+        raise UserError(f"{path}: vocab_size {vocab!r} is not an integer from 1 to {MAX_VOCAB_SIZE:,}")
+    if not isinstance(shape, list) or not 1 <= len(shape) <= 3 or not all(_count(v, MAX_FEATURE_DIM)
+                                                                           for v in shape):
+        raise UserError(f"{path}: feature_shape {shape!r} is not 1 to 3 integers from 1 to "
+                        f"{MAX_FEATURE_DIM:,}")
+    for key in ("fingerprints", "parameters", "data"):
+        if not isinstance(config.get(key, {}), dict):
+            raise UserError(f"{path}: '{key}' is not an object")
     return config
+
+
+def _count(value: Any, most: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= most
 
 
 def settings_from_config(values: dict[str, Any]) -> TrainSection:
@@ -312,6 +353,12 @@ class LoadedRun:
         """How the run's text encoder reads captions (its family's text input and the run's limits)."""
         return codec_for(self.settings, self.dataset, model_spec(self.settings).text_input)
 
+    def feature_store_config(self) -> dict[str, Any]:
+        """The ``config`` attribute of the run's feature store: how its rows were extracted."""
+        from features.store import FeatureStore, parse_spec
+
+        return dict(FeatureStore(parse_spec(self.settings.features)[0]).attrs.get("config", {}))
+
     def encode_text(self, texts: list[str]) -> torch.Tensor:
         """Caption embeddings (M, d) of arbitrary texts (see :func:`encode_texts`)."""
         return encode_texts(self, list(texts))
@@ -358,6 +405,10 @@ def load_run(run_dir: str | os.PathLike, checkpoint: str = "best", device: str =
     from train.models.vse import build_model
 
     run_dir = Path(run_dir)
+    if is_model_folder(run_dir):  # a model made for sharing (train export-model)
+        from train.model_export import load_model_folder
+
+        return load_model_folder(run_dir, checkpoint, device)
     if checkpoint not in ("best", "last"):
         raise UserError(f"unknown checkpoint '{checkpoint}' (expected best or last)")
     config = read_config(run_dir)
@@ -366,6 +417,7 @@ def load_run(run_dir: str | os.PathLike, checkpoint: str = "best", device: str =
     state = load_checkpoint(RunDir(run_dir).checkpoint(checkpoint), map_location="cpu")
     vocab_size, feature_shape = model_sizes(config)
     model = build_model(settings, vocab_size, feature_shape)
+    check_model_state(model, state["model"], f"{run_dir}/checkpoints/{checkpoint}.pt")
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as exc:
@@ -375,6 +427,14 @@ def load_run(run_dir: str | os.PathLike, checkpoint: str = "best", device: str =
     model.to(dev).eval()
     return LoadedRun(run_dir=run_dir, settings=settings, config=config, model=model, device=dev,
                      checkpoint=checkpoint, epoch=int(state["epoch"]), accept_changed=accept_changed)
+
+
+def is_model_folder(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a model folder written by ``train export-model`` (not a run directory)."""
+    from train.model_export import MODEL_JSON
+
+    path = Path(path)
+    return (path / MODEL_JSON).is_file() and not (path / CONFIG).exists()
 
 
 def embed_split(run: LoadedRun, split: str, texts: list[str] | None = None, lang: str | None = None

@@ -2,7 +2,8 @@
 
 Reads only what runs wrote (``config.json``, ``metrics.jsonl``, ``eval/test.json``), so it works
 on runs of any family, finished or not (a run without a test evaluation shows its best validation
-rsum and no test numbers).
+rsum and no test numbers). Every file is validated (one-line errors), and the checkpoints are opened
+with the pickle-free loader, so a shared run whose checkpoint would need pickle is refused here too.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from prep.errors import UserError
 from prep.io import write_json_atomic
 from prep.outputs import check_output_file
+from train.checkpoint import load_checkpoint
 from train.evaluate_cli import check_distinct
 from train.plots import plot_parameters_vs_rsum
 from train.rundir import RunDir
@@ -31,9 +33,10 @@ def run_summary(run_dir: str | Path, protocol: str | None = None) -> dict[str, A
     """
     run_dir = Path(run_dir)
     config = read_config(run_dir)
+    check_checkpoints(run_dir)
     settings = config.get("settings", {})
     metrics_file = RunDir(run_dir).metrics
-    history = _read_json_lines(metrics_file) if metrics_file.is_file() else []
+    history = _read_history(metrics_file) if metrics_file.is_file() else []
     row: dict[str, Any] = {
         "name": run_dir.name, "run": str(run_dir), "family": config.get("family", settings.get("family")),
         "settings": {k: settings[k] for k in DESCRIBING_KEYS if k in settings},
@@ -51,26 +54,54 @@ def run_summary(run_dir: str | Path, protocol: str | None = None) -> dict[str, A
         name = protocol or next(iter(protocols))
         if name not in protocols:
             raise UserError(f"{test_file}: no protocol '{name}' (it has {', '.join(protocols)})")
-        row["test"] = {"protocol": name, **protocols[name]}
+        result = protocols[name]
+        directions_ok = isinstance(result, dict) and all(
+            isinstance(result.get(d), dict) and _number(result[d].get("r1")) for d in ("i2t", "t2i"))
+        if not (directions_ok and _number(result.get("rsum"))):
+            raise UserError(f"{test_file}: protocol '{name}' lacks numeric rsum, i2t.r1 and t2i.r1")
+        row["test"] = {"protocol": name, **result}
     return row
 
 
+def check_checkpoints(run_dir: Path) -> None:
+    """Open each ``checkpoints/*.pt`` with the pickle-free loader, tensors memory-mapped (cheap): a run
+    whose checkpoints would need pickle (a foreign or tampered file) is reported before anyone uses it."""
+    for path in sorted(RunDir(run_dir).checkpoints.glob("*.pt")):
+        load_checkpoint(path, mmap=True)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from a run's file (one-line :class:`UserError` for anything else)."""
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise UserError(f"{path}: not readable as JSON ({type(exc).__name__})") from None
-    return value if isinstance(value, dict) else {}
+        raise UserError(f"{path}: not readable JSON ({type(exc).__name__})") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{path}: not a JSON object")
+    return value
 
 
-def _read_json_lines(path: Path) -> list[dict[str, Any]]:
+def _read_history(path: Path) -> list[dict[str, Any]]:
+    """``metrics.jsonl``: one object per epoch with an integer ``epoch`` and a numeric ``rsum``."""
     try:
-        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise UserError(f"{path}: not readable as JSON lines ({type(exc).__name__})") from None
-    if not all(isinstance(r, dict) and isinstance(r.get("rsum"), int | float) and "epoch" in r for r in rows):
-        raise UserError(f"{path}: not a run's metrics (a line without epoch and rsum)")
-    return rows
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text") from None
+    history = []
+    for n, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            raise UserError(f"{path}: line {n} is not JSON") from None
+        if not (isinstance(record, dict) and isinstance(record.get("epoch"), int)
+                and _number(record.get("rsum"))):
+            raise UserError(f"{path}: line {n} is not an epoch record (integer epoch, numeric rsum)")
+        history.append(record)
+    return history
 
 
 def format_summary(rows: list[dict[str, Any]]) -> str:
