@@ -56,6 +56,8 @@ def run_from_arguments(args: Any, required: bool = True) -> Path | None:
         if args.run:
             raise UserError("give --run or --pipeline, not both")
         pipe = get_pipeline(args.pipeline, args.pipelines)
+        if pipe.train is None and pipe.classify is not None:  # a text classification pipeline
+            return Path(pipe.classify.out)
         if pipe.train is None:
             raise UserError(f"pipeline '{args.pipeline}' has no train section, so no run")
         return Path(pipe.train.out)
@@ -273,10 +275,18 @@ class LoadedRun:
 
 
 def load_run(run_dir: str | os.PathLike, checkpoint: str = "best", device: str = "auto") -> LoadedRun:
-    """Rebuild the model of ``run_dir`` from ``checkpoints/<checkpoint>.pt`` (``best`` or ``last``)."""
+    """Rebuild the model of ``run_dir`` from ``checkpoints/<checkpoint>.pt`` (``best`` or ``last``).
+
+    A ``train classify`` run gives a :class:`train.classify.ClassificationRun` (``predict``,
+    ``probabilities``, ``evaluate``) instead.
+    """
     from train.models.vse import build_model
 
     run_dir = Path(run_dir)
+    if read_config(run_dir).get("task") == "classify":
+        from train.classify import load_classification_run
+
+        return load_classification_run(run_dir, checkpoint, device)  # type: ignore[return-value]
     if checkpoint not in ("best", "last"):
         raise UserError(f"unknown checkpoint '{checkpoint}' (expected best or last)")
     config = read_config(run_dir)
