@@ -77,6 +77,24 @@ def test_generic_csv_with_label_names_and_a_language_column(tmp_path: Path) -> N
         read_generic(path, "\t", "label", ["text"])
 
 
+def test_prep_generic_csv_keeps_each_rows_language(tmp_path: Path) -> None:
+    path = tmp_path / "tweets.csv"
+    rows = ["label,text,lang"] + [f"pos,good happy day {k},en" for k in range(6)] + \
+        [f"neg,ein schlechter Tag {k},de" for k in range(6)]
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    out = tmp_path / "data"
+    assert prep_main(["textcls", "--format", "csv", "--train", str(path), "--label-col", "label",
+                      "--text-cols", "text", "--lang-col", "lang", "--test-fraction", "0.34",
+                      "--val-fraction", "0.25", "-q", "--out", str(out)]) == 0
+    ds = TextClsDataset.load(out)
+    assert ds.labels == ["neg", "pos"] and ds.languages == ["de", "en"]
+    assert [len(ds.rows(s)) for s in ("train", "val", "test")] == [6, 2, 4]
+    pairs = zip(ds.langs, ds.targets, strict=True)
+    assert all((lang == "de") == (ds.labels[y] == "neg") for lang, y in pairs)
+    k = ds.langs.index("de")
+    assert ds.tokens[k][:3] == ["ein", "schlechter", "tag"]
+
+
 def test_stratified_take_is_exact_per_class_and_seeded() -> None:
     labels = np.repeat([0, 1, 2, 3], [1900, 1900, 1900, 1900])
     mask = stratified_take(labels, 1500 / 7600, np.random.default_rng(0))
@@ -263,3 +281,18 @@ def test_predict_evaluate_and_load_run(prepared: Path, tmp_path: Path, capsys) -
     assert (run_dir / "eval" / "noise_test.png").stat().st_size > 0
     assert noise["clean"]["accuracy"] == pytest.approx(json.loads((run_dir / "eval" / "test.json")
                                                                   .read_text())["accuracy"])
+
+
+def test_pipeline_schema_of_a_classification_pipeline(tmp_path: Path) -> None:
+    from prep.pipelines import load_pipelines
+
+    file = tmp_path / "pipelines.yaml"
+    body = ("pipelines:\n  p:\n    description: d\n"
+            "    prep: {dataset: textcls, train_file: a.csv, test_fraction: 0.2, out: data}\n"
+            "    classify: {encoder: oecc, arch: A, out: runs/p}\n    evaluate: {noise: '0.1,0.2'}\n")
+    file.write_text(body, encoding="utf-8")
+    pipe = load_pipelines(file)["p"]
+    assert pipe.classify.data == str(tmp_path / "data") and pipe.classify.arch == "A"
+    file.write_text(body.replace("arch: A", "version: v2"), encoding="utf-8")
+    with pytest.raises(UserError, match="'version' applies to encoder chain, not 'oecc'"):
+        load_pipelines(file)
