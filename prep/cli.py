@@ -454,6 +454,10 @@ def run_prep(settings: PrepSection, overwrite: bool = False) -> Path:
     written under :func:`prep.io.exclusive_lock`: a second ``prep`` on the same folder is an
     error, and this one removes the temporary folders that killed runs left next to it.
     """
+    if settings.dataset == "textcls":  # text classification: its own format (prep.textcls)
+        from prep.textcls import run_textcls_prep
+
+        return run_textcls_prep(settings, overwrite)
     out = Path(settings.out).expanduser().resolve()
     try:
         check_not_input(out, _given_inputs(settings))
@@ -676,6 +680,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="caption languages (default: en de ja)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default 0)")
     _common(p, images=False)
+
+    from prep.textcls import add_textcls_parser
+
+    add_textcls_parser(sub, _common)
     add_common_options(parser)
     return parser
 

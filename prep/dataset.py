@@ -156,6 +156,9 @@ class PreparedDataset:
             root = root.parent
         file = root / DATASET_FILE
         data = _read_json(file)
+        if isinstance(data, dict) and data.get("task") == "textcls":
+            raise UserError(f"{root}: a text classification dataset (prep textcls): it has no images; use "
+                            "`train classify --data` with it")
         images_root = Path(_field(data, "images_root", file, "top level"))
         images: list[ImageEntry] = []
         sentences: list[Sentence] = []

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from prep.errors import UserError
 
-DATASETS = ("coco", "f8k", "f30k", "multi30k", "yjcaptions", "synthetic", "karpathy")
+DATASETS = ("coco", "f8k", "f30k", "multi30k", "yjcaptions", "synthetic", "karpathy", "textcls")
 FAMILIES = ("chain", "oecc", "seam", "vse", "clmr", "liwe")
 PROTOCOLS = ("1k", "5cv", "5k", "all")
 
@@ -49,9 +49,9 @@ class PrepSection(Section):
 
     path_fields: ClassVar[tuple[str, ...]] = (
         "out", "karpathy", "annotations", "split_file", "images", "token_file", "split_dir",
-        "root", "yj", "coco_karpathy", "flat",
+        "root", "yj", "coco_karpathy", "flat", "train_file", "test_file", "classes_file",
     )
-    dataset: Literal["coco", "f8k", "f30k", "multi30k", "yjcaptions", "synthetic", "karpathy"]
+    dataset: Literal["coco", "f8k", "f30k", "multi30k", "yjcaptions", "synthetic", "karpathy", "textcls"]
     out: str
     #: karpathy: the dataset's name (default: the file's "dataset" field) and its captions' language
     name: str | None = None
@@ -82,6 +82,18 @@ class PrepSection(Section):
     #: (the VSE++/SCAN protocol: 5; Karpathy's file gives a few images 6 or 7)
     captions_per_image: int = Field(5, ge=1)
     languages: list[str] = Field(default_factory=lambda: ["en", "de", "ja"])
+    # textcls (text classification, prep.textcls): Zhang et al. CSV (train/test + classes.txt) or a
+    # generic CSV/TSV with a header; val carved from train (stratified, seeded); test_fraction splits a
+    # single file
+    text_format: Literal["zhang", "csv", "tsv"] = "zhang"
+    train_file: str | None = None
+    test_file: str | None = None
+    classes_file: str | None = None
+    label_col: str | None = None
+    text_cols: list[str] | None = None
+    lang_col: str | None = None
+    val_fraction: float = Field(0.05, gt=0, lt=1)
+    test_fraction: float | None = Field(None, gt=0, lt=1)
     # common
     seed: int = 0
     strict: bool = False
@@ -256,6 +268,71 @@ class TrainSection(Section):
         return list(self.langs) if self.langs else [self.lang]
 
 
+#: ``train classify --encoder``: the registered text encoders a classifier can read texts with
+CLASSIFY_ENCODERS = ("chain", "oecc", "seam", "gru")
+
+
+class ClassifySection(Section):
+    """Options of ``train classify`` (CHAIN-VSE section 5): a registered text encoder + a softmax head.
+
+    The encoder's options are those of its retrieval family (``version``/``p`` of chain, ``arch`` of
+    oecc, ``variant``/``hops``/``penalty``/``gru_units`` of seam; ``gru``: word embedding + GRU of
+    ``gru_units`` units, the UVS encoder); the loop is the retrieval trainer's, with the validation
+    accuracy in place of the rsum.
+    """
+
+    path_fields: ClassVar[tuple[str, ...]] = ("data", "out")
+    #: keys only some encoders accept
+    encoder_keys: ClassVar[dict[str, tuple[str, ...]]] = {
+        "version": ("chain",), "p": ("chain",), "arch": ("oecc",), "variant": ("seam",), "hops": ("seam",),
+        "penalty": ("seam",), "word_dim": ("gru",),
+    }
+    #: what the shared trainer reads of a retrieval run's settings: every text once per epoch; one phase
+    captions_per_epoch: ClassVar[str] = "all"
+    finetune_lr: ClassVar[None] = None
+    encoder: Literal["chain", "oecc", "seam", "gru"] = "chain"
+    data: str | None = None
+    out: str
+    version: Literal["v1", "v2"] = "v1"
+    p: float = Field(1.0, gt=0)
+    arch: Literal["A", "B", "C", "D"] = "D"
+    variant: Literal["E", "C", "G"] = "E"
+    hops: int | None = Field(None, ge=1)
+    penalty: float = Field(0.0, ge=0)
+    #: GRU units of seam G and of the gru encoder
+    gru_units: int = Field(512, ge=1)
+    #: word embedding size of the gru encoder
+    word_dim: int = Field(300, ge=1)
+    #: dropout before the softmax layer
+    dropout: float = Field(0.5, ge=0, lt=1)
+    #: character encoders read at most this many characters (Zhang et al.'s 1014)
+    max_chars: int = Field(1014, ge=1)
+    max_words: int = Field(200, ge=1)
+    min_word_count: int = Field(1, ge=1)
+    #: language of new texts given to a word encoder (predict, noise); the dataset's rows carry their own
+    lang: str = "en"
+    batch_size: int = Field(128, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    lr_schedule: Literal["plateau", "step", "constant"] = "plateau"
+    lr_decay_patience: int = Field(2, ge=1)
+    lr_step: int = Field(15, ge=1)
+    early_stop: int = Field(4, ge=1)
+    epochs: int = Field(20, ge=1)
+    grad_clip: float | None = Field(5.0, ge=0)
+    checkpoint_every: int = Field(200, ge=1)
+    seed: int = 0
+    device: str = "auto"
+    amp: bool = False
+    workers: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _encoder_keys(self) -> ClassifySection:
+        for key, encoders in self.encoder_keys.items():
+            if key in self.model_fields_set and self.encoder not in encoders:
+                raise ValueError(f"'{key}' applies to encoder {'/'.join(encoders)}, not '{self.encoder}'")
+        return self
+
+
 class EvaluateSection(Section):
     """Options of the final evaluation of a pipeline's run."""
 
@@ -274,6 +351,8 @@ class Pipeline(BaseModel):
     prep: PrepSection
     features: FeaturesSection | None = None
     train: TrainSection | None = None
+    #: text classification (``train classify``), beside retrieval: a pipeline has train or classify
+    classify: ClassifySection | None = None
     evaluate: EvaluateSection | None = None
 
     @model_validator(mode="after")
@@ -287,7 +366,12 @@ class Pipeline(BaseModel):
                 key = "fne" if self.features.kind == "fne" else (
                     "regions" if self.features.kind == "regions" else "global")
                 self.train.features = f"{self.features.out}:{key}"
-        if self.evaluate is not None and self.train is None:
+        if self.classify is not None:
+            if self.train is not None:
+                raise ValueError("a pipeline has a 'train' (retrieval) or a 'classify' section, not both")
+            if self.classify.data is None:
+                self.classify.data = self.prep.out
+        if self.evaluate is not None and self.train is None and self.classify is None:
             raise ValueError("'evaluate' needs a 'train' section")
         return self
 
@@ -296,6 +380,7 @@ SECTIONS: dict[str, type[Section]] = {
     "prep": PrepSection,
     "features": FeaturesSection,
     "train": TrainSection,
+    "classify": ClassifySection,
     "evaluate": EvaluateSection,
 }
 

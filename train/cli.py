@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from prep.errors import add_common_options, run_cli
 
 #: modules that register subcommands, in --help order
-COMMAND_MODULES = ("train.fit", "train.evaluate_cli", "train.query", "train.summary", "train.export",
-                   "train.model_export", "train.checkpoint_cli", "train.pipeline")
+COMMAND_MODULES = ("train.fit", "train.classify_cli", "train.evaluate_cli", "train.query", "train.summary",
+                   "train.export", "train.model_export", "train.checkpoint_cli", "train.pipeline")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -437,6 +437,14 @@ def _command(args: argparse.Namespace) -> int:
     from train.runs import run_from_arguments
 
     run_dir = run_from_arguments(args, required=False)
+    if run_dir is not None:
+        from train.classify import is_classification_run
+
+        if is_classification_run(run_dir):  # text classification: its own metrics and noise analysis
+            from train.classify_cli import evaluate_command
+
+            _pipeline_evaluate_settings(args)
+            return evaluate_command(args, run_dir)
     if args.pipeline:  # the pipeline's evaluation settings, unless given explicitly
         from prep.pipelines import get_pipeline
 
@@ -482,6 +490,17 @@ def _command(args: argparse.Namespace) -> int:
         raise UserError("nothing to evaluate: give --run RUN_DIR, --img-emb IMG.npy --cap-emb CAP.npy, "
                         "or --sims S.npy")
     return 0
+
+
+def _pipeline_evaluate_settings(args: argparse.Namespace) -> None:
+    """``--split`` and ``--noise`` from the ``--pipeline``'s evaluate section, unless given."""
+    if args.pipeline:
+        from prep.pipelines import get_pipeline
+
+        ev = get_pipeline(args.pipeline, args.pipelines).evaluate
+        if ev is not None:
+            args.split = args.split or ev.split
+            args.noise = args.noise or ev.noise
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

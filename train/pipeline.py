@@ -40,7 +40,7 @@ from prep.io import write_json_atomic
 from prep.pipelines import Pipeline, default_pipelines_file, get_pipeline, load_pipelines
 from train.rundir import RunDir
 
-STAGES = ("prep", "features", "train", "evaluate")
+STAGES = ("prep", "features", "train", "classify", "evaluate")
 
 
 def fingerprint(settings: dict[str, Any], upstream: str = "") -> str:
@@ -82,12 +82,35 @@ def _run_train(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
     run_training(pipe.train, resume=resume and has_checkpoint, overwrite=overwrite or resume)
 
 
+def _run_classify(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
+    from train.classify import run_classification
+
+    has_checkpoint = (Path(pipe.classify.out) / "checkpoints").is_dir()
+    run_classification(pipe.classify, resume=resume and has_checkpoint, overwrite=overwrite or resume)
+
+
 def _run_evaluate(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
     from train.evaluate_cli import evaluate_run
 
     ev = pipe.evaluate
+    if pipe.classify is not None:
+        _evaluate_classification(pipe)
+        return
     evaluate_run(Path(pipe.train.out), split=ev.split, protocols=list(ev.protocols), noise=ev.noise,
                  length_analysis=ev.length_analysis, chance=True)
+
+
+def _evaluate_classification(pipe: Pipeline) -> None:
+    """A classification pipeline's evaluate stage: the split's metrics and, with ``noise``, the accuracy
+    per noise ratio (``train evaluate --run`` of the run)."""
+    from train.classify_cli import evaluate_command
+    from train.cli import build_parser
+
+    noise = ["--noise", pipe.evaluate.noise] if pipe.evaluate.noise else []
+    args = build_parser().parse_args(["evaluate", "--run", pipe.classify.out, "--split", pipe.evaluate.split,
+                                      *noise])
+
+    evaluate_command(args, Path(pipe.classify.out))
 
 
 #: each stage's runner: ``(pipeline, resume, overwrite)``
@@ -95,6 +118,7 @@ RUNNERS: dict[str, Callable[[Pipeline, bool, bool], None]] = {
     "prep": _run_prep,
     "features": _run_features,
     "train": _run_train,
+    "classify": _run_classify,
     "evaluate": _run_evaluate,
 }
 
@@ -116,7 +140,7 @@ def _prep_inputs_fingerprint(out: str, settings_fp: str) -> str:
 
 def _output_of(pipe: Pipeline, stage: str) -> str:
     if stage == "evaluate":
-        return str(RunDir(pipe.train.out).eval_dir)
+        return str(RunDir((pipe.train or pipe.classify).out).eval_dir)
     return getattr(pipe, stage).out
 
 
@@ -148,7 +172,7 @@ def run_pipeline(name: str, file: str | None = None, force: bool = False, until:
                 upstream = _prep_inputs_fingerprint(out, fp) if stage == "prep" else fp
                 continue
         resume = same and state.get("status") == "running" and not force
-        if stage == "train" and not resume and not overwrite and RunDir(out).holds_run():
+        if stage in ("train", "classify") and not resume and not overwrite and RunDir(out).holds_run():
             why = ("was made with other settings, or by another command" if not same else
                    "is this pipeline's finished run, which --force replaces only with --overwrite")
             raise UserError(f"{out}: the run directory of pipeline '{name}' already holds a run that {why}; "

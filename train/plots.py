@@ -38,8 +38,9 @@ def save_figure(fig: Any, path: str | os.PathLike, dpi: int = 120) -> Path:
 
 
 def plot_training_curves(history: Sequence[dict[str, Any]], path: str | os.PathLike,
-                         title: str | None = None) -> Path:
-    """Loss, validation rsum and learning rate per epoch (``metrics.jsonl`` records) as one PNG.
+                         title: str | None = None, score_label: str = "validation rsum") -> Path:
+    """Loss, validation rsum (or ``score_label``: what ``rsum`` holds) and learning rate per epoch
+    (``metrics.jsonl`` records) as one PNG.
 
     The best epoch (highest validation rsum) is marked; the learning rate is on a log scale.
     """
@@ -54,7 +55,7 @@ def plot_training_curves(history: Sequence[dict[str, Any]], path: str | os.PathL
         rsum_ax.plot([epochs[best]], [rsum[best]], "*", markersize=12, color="tab:orange",
                      label=f"best: epoch {epochs[best]}, {rsum[best]:.1f}")
         rsum_ax.legend(fontsize=8)
-    rsum_ax.set_title("validation rsum")
+    rsum_ax.set_title(score_label)
     lr_ax.plot(epochs, [r["lr"] for r in history], marker="o", markersize=3, color="tab:red")
     lr_ax.set_yscale("log")
     lr_ax.set_title("learning rate")

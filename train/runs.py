@@ -59,6 +59,8 @@ def run_from_arguments(args: Any, required: bool = True) -> Path | None:
         if args.run:
             raise UserError("give --run or --pipeline, not both")
         pipe = get_pipeline(args.pipeline, args.pipelines)
+        if pipe.train is None and pipe.classify is not None:  # a text classification pipeline
+            return Path(pipe.classify.out)
         if pipe.train is None:
             raise UserError(f"pipeline '{args.pipeline}' has no train section, so no run")
         return Path(pipe.train.out)
@@ -401,6 +403,9 @@ def load_run(run_dir: str | os.PathLike, checkpoint: str = "best", device: str =
 
     The run's dataset and features are checked against the fingerprints of its ``config.json`` when
     first read: a change is a :class:`UserError` naming it, or with ``accept_changed`` a warning.
+
+    A ``train classify`` run gives a :class:`train.classify.ClassificationRun` (``predict``,
+    ``probabilities``, ``evaluate``) instead.
     """
     from train.models.vse import build_model
 
@@ -409,6 +414,10 @@ def load_run(run_dir: str | os.PathLike, checkpoint: str = "best", device: str =
         from train.model_export import load_model_folder
 
         return load_model_folder(run_dir, checkpoint, device)
+    if read_config(run_dir).get("task") == "classify":
+        from train.classify import load_classification_run
+
+        return load_classification_run(run_dir, checkpoint, device)  # type: ignore[return-value]
     if checkpoint not in ("best", "last"):
         raise UserError(f"unknown checkpoint '{checkpoint}' (expected best or last)")
     config = read_config(run_dir)

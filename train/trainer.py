@@ -185,6 +185,9 @@ class Trainer:
     (:attr:`train.data.Batch.pairs`), drawn with the epoch's batches from the same seeded generator.
     """
 
+    #: what :meth:`validate`'s score is, in the epoch lines and the curves (a subclass may score otherwise)
+    score_label = "val rsum"
+
     def __init__(self, settings: TrainSection, model: torch.nn.Module, objective: Objective,
                  train_set: CaptionSet, val_set: CaptionSet, run_dir: Path, device: torch.device,
                  log: Callable[[str], None] = print, pair_sets: Sequence[PairSet] = ()) -> None:
@@ -451,13 +454,14 @@ class Trainer:
             self._next_phase()
         self.save(LAST)
         self.write_metrics()
-        plot_training_curves(self.history, self.run_dir / CURVES, title=self.run_dir.name)
+        plot_training_curves(self.history, self.run_dir / CURVES, title=self.run_dir.name,
+                             score_label=self.score_label.replace("val ", "validation "))
         self._tensorboard(record)
         note = " (best)" if improved else f" ({self.bad_epochs} without improvement)"
         if self.finished and self.bad_epochs >= s.early_stop:
             note += f"; early stop after {s.early_stop} epochs without improvement"
-        self.log(f"epoch {record['epoch']}: loss {record['loss']:.4f}, lr {lr:.1e}, val rsum {rsum:.2f}"
-                 f"{note}, {record['captions_per_s']:.0f} captions/s, {record['time_s']:.1f}s")
+        self.log(f"epoch {record['epoch']}: loss {record['loss']:.4f}, lr {lr:.1e}, {self.score_label} "
+                 f"{rsum:.2f}{note}, {record['captions_per_s']:.0f} captions/s, {record['time_s']:.1f}s")
 
 
 def _constant_lr(epoch: int) -> float:

@@ -1,0 +1,163 @@
+"""Readers of text classification files: the Zhang et al. CSV family and a generic CSV/TSV.
+
+Zhang et al. ("Character-level Convolutional Networks for Text Classification", NIPS 2015) ship
+AG News, DBPedia, Yelp and Amazon as ``train.csv`` / ``test.csv`` without a header: the first
+column is the class index (1-based, the line of ``classes.txt`` naming it), the others are text
+fields (AG News: title, description; DBPedia: title, content; Yelp polarity: the review). Fields
+are quoted with ``"``, an inner quote is doubled (``""``), and a new line inside a field is
+written as a backslash followed by ``n``. The text of a row is its text fields joined by a space.
+
+A generic file has a header row; ``label_col`` names the column holding the class *name* (any
+string), ``text_cols`` the text columns, and ``lang_col`` optionally a column giving each row's
+language. Columns are named as in the header, or by 0-based index.
+
+Every error names the file and the line where the bad row starts, in one line.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from prep.errors import UserError
+
+#: an AG News / DBPedia description can be long; the csv module's default field limit is 128 KiB
+csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+
+
+@dataclass(frozen=True)
+class RawText:
+    """One row of a classification file: its text, its label (a class index or a class name)."""
+
+    text: str
+    label: int | str
+    lang: str | None
+    where: str  # "FILE:LINE", for error messages and prep.json
+
+
+def unescape_newlines(text: str) -> str:
+    r"""Zhang et al.'s escaped new line (a backslash followed by ``n``) back to a new line."""
+    return text.replace("\\n", "\n")
+
+
+def read_classes(path: str | Path) -> list[str]:
+    """The class names of ``classes.txt``, one per line (line k names class index k, 1-based)."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such classes file") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    names = [line.strip() for line in lines]
+    while names and not names[-1]:
+        names.pop()
+    if not names:
+        raise UserError(f"{path}: no class names")
+    for k, name in enumerate(names, start=1):
+        if not name:
+            raise UserError(f"{path}: line {k}: empty class name")
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise UserError(f"{path}: class name '{dup}' appears twice")
+    return names
+
+
+def _rows(path: Path, delimiter: str):
+    """``(first line number, row)`` of each record of a CSV file (a quoted field may span lines)."""
+    try:
+        fh = open(path, encoding="utf-8", newline="")
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    with fh:
+        reader = csv.reader(fh, delimiter=delimiter, quotechar='"', doublequote=True, strict=True)
+        line = 1
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                raise UserError(f"{path}: line {line}: malformed CSV ({exc})") from None
+            except UnicodeDecodeError as exc:
+                raise UserError(f"{path}: after line {line}: not UTF-8 text ({exc.reason})") from None
+            yield line, row
+            line = reader.line_num + 1
+
+
+def read_zhang_csv(path: str | Path, num_classes: int) -> list[RawText]:
+    """Rows of a Zhang et al. CSV: ``"class","field",...``; labels become 0-based class indices.
+
+    Args:
+        path: ``train.csv`` or ``test.csv``.
+        num_classes: lines of ``classes.txt``; a class index outside ``1..num_classes`` is an error.
+    """
+    path = Path(path)
+    out: list[RawText] = []
+    width = None
+    for line, row in _rows(path, ","):
+        if not row:  # a blank line
+            continue
+        where = f"{path}: line {line}"
+        if len(row) < 2:
+            raise UserError(f"{where}: expected a class index and at least one text field, got {len(row)} "
+                            f"field(s)")
+        if width is None:
+            width = len(row)
+        elif len(row) != width:
+            raise UserError(f"{where}: {len(row)} fields, but the first row has {width}")
+        try:
+            index = int(row[0].strip())
+        except ValueError:
+            raise UserError(f"{where}: class index {row[0]!r} is not an integer") from None
+        if not 1 <= index <= num_classes:
+            raise UserError(f"{where}: class index {index} is outside 1..{num_classes} (classes.txt has "
+                            f"{num_classes} classes; the index is 1-based)")
+        text = " ".join(unescape_newlines(f) for f in row[1:])
+        out.append(RawText(text=text, label=index - 1, lang=None, where=f"{path.name}:{line}"))
+    if not out:
+        raise UserError(f"{path}: no rows")
+    return out
+
+
+def _column(header: list[str], name: str, path: Path, option: str) -> int:
+    if name in header:
+        return header.index(name)
+    if name.isdigit() and int(name) < len(header):
+        return int(name)
+    raise UserError(f"{path}: {option} '{name}' is not a column of the header ({', '.join(header)})")
+
+
+def read_generic(path: str | Path, delimiter: str, label_col: str, text_cols: list[str],
+                 lang_col: str | None = None) -> list[RawText]:
+    """Rows of a CSV/TSV file with a header; labels are the class names found in ``label_col``."""
+    path = Path(path)
+    rows = _rows(path, delimiter)
+    try:
+        _, header = next(rows)
+    except StopIteration:
+        raise UserError(f"{path}: empty file (a header row is expected)") from None
+    header = [h.strip() for h in header]
+    label_k = _column(header, label_col, path, "--label-col")
+    text_k = [_column(header, c, path, "--text-cols") for c in text_cols]
+    lang_k = _column(header, lang_col, path, "--lang-col") if lang_col else None
+    out: list[RawText] = []
+    for line, row in rows:
+        if not row:
+            continue
+        where = f"{path}: line {line}"
+        if len(row) != len(header):
+            raise UserError(f"{where}: {len(row)} fields, but the header has {len(header)}")
+        label = row[label_k].strip()
+        if not label:
+            raise UserError(f"{where}: empty label in column '{header[label_k]}'")
+        lang = row[lang_k].strip().lower() if lang_k is not None else None
+        if lang_k is not None and not lang:
+            raise UserError(f"{where}: empty language in column '{header[lang_k]}'")
+        text = " ".join(row[k] for k in text_k)
+        out.append(RawText(text=text, label=label, lang=lang, where=f"{path.name}:{line}"))
+    if not out:
+        raise UserError(f"{path}: no rows after the header")
+    return out
