@@ -34,7 +34,13 @@ from prep.textcls import TextClsDataset
 from train.checkpoint import load_checkpoint, remove_stale_temporaries
 from train.data import TextCodec, codec_for
 from train.models.registry import ModelSpec, count_parameters, create_text_encoder, model_spec
-from train.runs import RESUMABLE_CHANGES, prepare_run_dir, read_config, write_config
+from train.runs import (
+    RESUMABLE_CHANGES,
+    classify_settings_from_config,
+    prepare_run_dir,
+    read_config,
+    write_config,
+)
 from train.textcls_metrics import classification_metrics, format_metrics
 from train.trainer import BEST, LAST, METRICS, Trainer, embed_codes, resolve_device, write_evaluation
 
@@ -402,10 +408,7 @@ def load_classification_run(run_dir: str | Path, checkpoint: str = "best", devic
     if checkpoint not in ("best", "last"):
         raise UserError(f"unknown checkpoint '{checkpoint}' (expected best or last)")
     config = read_config(run_dir)
-    settings = ClassifySection.model_validate(
-        {k: v for k, v in config["settings"].items()
-         if k not in ClassifySection.encoder_keys or config["settings"]["encoder"]
-         in ClassifySection.encoder_keys[k]})
+    settings = classify_settings_from_config(config["settings"])
     dev = resolve_device(device)
     state = load_checkpoint(run_dir / "checkpoints" / f"{checkpoint}.pt", map_location="cpu")
     model = build_classifier(settings, int(config["vocab_size"]), len(config["labels"]))

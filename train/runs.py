@@ -22,7 +22,7 @@ from prep import console
 from prep.dataset import CHARS_FILE, DATASET_FILE, WORDS_FILE, PreparedDataset
 from prep.errors import UserError
 from prep.io import sha256_file, write_json_atomic
-from prep.pipelines import TrainSection
+from prep.pipelines import ClassifySection, TrainSection
 from train.checkpoint import check_model_state, load_checkpoint
 from train.data import (
     CaptionSet,
@@ -203,6 +203,8 @@ def validate_config(config: Any, path: str | os.PathLike) -> dict[str, Any]:
 
     if not isinstance(config, dict) or not isinstance(config.get("settings"), dict):
         raise UserError(f"{path}: not a run configuration (no 'settings' object)")
+    if config.get("task") == "classify":
+        return _validate_classify_config(config, path)
     try:
         settings = settings_from_config(config["settings"])
     except ValidationError as exc:
@@ -220,6 +222,36 @@ def validate_config(config: Any, path: str | os.PathLike) -> dict[str, Any]:
         raise UserError(f"{path}: feature_shape {shape!r} is not 1 to 3 integers from 1 to "
                         f"{MAX_FEATURE_DIM:,}")
     for key in ("fingerprints", "parameters", "data"):
+        if not isinstance(config.get(key, {}), dict):
+            raise UserError(f"{path}: '{key}' is not an object")
+    return config
+
+
+def classify_settings_from_config(values: dict[str, Any]) -> ClassifySection:
+    """The :class:`prep.pipelines.ClassifySection` of a classification run's ``config.json`` settings
+    (the options of encoders other than the run's are dropped, as written with their defaults)."""
+    encoder = values.get("encoder")
+    return ClassifySection.model_validate(
+        {k: v for k, v in values.items()
+         if k not in ClassifySection.encoder_keys or encoder in ClassifySection.encoder_keys[k]})
+
+
+def _validate_classify_config(config: dict[str, Any], path: str | os.PathLike) -> dict[str, Any]:
+    from pydantic import ValidationError
+
+    try:
+        classify_settings_from_config(config["settings"])
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        raise UserError(f"{path}: settings.{loc}: {err['msg']}") from None
+    vocab, labels = config.get("vocab_size"), config.get("labels")
+    if not _count(vocab, MAX_VOCAB_SIZE):
+        raise UserError(f"{path}: vocab_size {vocab!r} is not an integer from 1 to {MAX_VOCAB_SIZE:,}")
+    if not (isinstance(labels, list) and 2 <= len(labels) <= MAX_VOCAB_SIZE
+            and all(isinstance(x, str) for x in labels)):
+        raise UserError(f"{path}: 'labels' is not a list of at least two label names")
+    for key in ("fingerprints", "data"):
         if not isinstance(config.get(key, {}), dict):
             raise UserError(f"{path}: '{key}' is not an object")
     return config
