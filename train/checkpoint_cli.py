@@ -43,6 +43,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add ``train convert-checkpoints``."""
     p = sub.add_parser("convert-checkpoints",
                        help="re-save a run's old (pickled) checkpoints in the pickle-free format, once",
-                       description=__doc__.split("\n\n")[1].replace("\n", " "))
+                       description=__doc__.split("\n\n")[1].replace("\n", " ").replace("``", ""))
     add_run_arguments(p)
     p.set_defaults(func=_command)

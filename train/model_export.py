@@ -39,7 +39,14 @@ from prep.errors import UserError
 from prep.io import atomic_directory, sha256_file, write_json_atomic
 from train.checkpoint import check_model_state
 from train.data import TextCodec
-from train.runs import LoadedRun, add_run_arguments, run_from_arguments, settings_from_config, validate_config
+from train.runs import (
+    LoadedRun,
+    add_run_arguments,
+    model_sizes,
+    run_from_arguments,
+    settings_from_config,
+    validate_config,
+)
 
 MODEL_JSON = "model.json"
 WEIGHTS = "weights.safetensors"
@@ -100,8 +107,7 @@ def export_model(run_dir: str | os.PathLike, out: str | os.PathLike, checkpoint:
         "format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION,
         "family": run.settings.family, "settings": run.settings.model_dump(),
         "text_input": codec.kind, "vocab_size": codec.vocab_size,
-        "feature_shape": [int(v) for v in run.config["feature_shape"]] if run.config.get("feature_shape")
-        else [int(run.config["image_dim"])],
+        "feature_shape": model_sizes(run.config)[1],
         "vocabulary": {"kind": codec.kind, "symbols": list(codec.vocab.symbols), "pad": codec.vocab.pad,
                        "unk": codec.vocab.unk, "lowercase": bool(codec.vocab.lowercase),
                        "min_count": int(codec.vocab.min_count), "max_len": int(codec.max_len),
@@ -119,9 +125,9 @@ def export_model(run_dir: str | os.PathLike, out: str | os.PathLike, checkpoint:
             store = FeatureStore(parse_spec(run.settings.features)[0])
             thresholds = store.array("fne/ternary").attrs.get("thresholds") or store_config["thresholds"]
             model_json["features"]["thresholds"] = [float(t) for t in thresholds]
-            save_file({"fne_mean": torch.from_numpy(np.asarray(store.array("fne/mean")[:], np.float32)),
-                       "fne_std": torch.from_numpy(np.asarray(store.array("fne/std")[:], np.float32))},
-                      str(tmp / FEATURIZER))
+            # the statistics in the store's own dtype: a new image is discretised exactly as the store's rows
+            save_file({name: torch.from_numpy(np.ascontiguousarray(store.array(f"fne/{array}")[:]))
+                       for name, array in (("fne_mean", "mean"), ("fne_std", "std"))}, str(tmp / FEATURIZER))
             model_json["sha256"][FEATURIZER] = sha256_file(tmp / FEATURIZER)
         write_json_atomic(tmp / MODEL_JSON, model_json)
     return out

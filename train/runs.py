@@ -44,7 +44,8 @@ def add_run_arguments(parser: Any) -> None:
     """``--run RUN_DIR`` or ``--pipeline NAME`` (its ``train.out``), for the commands that read a run."""
     from prep.pipelines import add_pipeline_arguments
 
-    parser.add_argument("--run", metavar="RUN_DIR", help="a run directory written by `train <family>`")
+    parser.add_argument("--run", metavar="RUN_DIR", help="a run directory written by `train <family>` (or a "
+                        "model folder written by `train export-model`, for evaluation and queries)")
     add_pipeline_arguments(parser)
     parser.add_argument(ACCEPT_CHANGED, dest="accept_changed", action="store_true",
                         help="use the run even when its prepared dataset or feature store changed since it "
