@@ -380,7 +380,8 @@ def test_ctrl_c_right_after_the_first_checkpoint_stops_cleanly_and_resumes_exact
         stderr = proc.communicate(timeout=120)[1]
     finally:
         proc.kill()
-    assert proc.returncode == 130 and stderr.strip() == "train: interrupted", stderr
+    assert proc.returncode == 130, stderr
+    assert stderr.strip() == "train: interrupted (a checkpoint of epoch 1 kept: re-run with --resume)", stderr
     assert not list((stopped / "checkpoints").glob(".*.tmp"))
     resumed = train_subprocess(["chain", "--out", str(stopped), "--resume"])
     stderr = resumed.communicate(timeout=300)[1]

@@ -269,10 +269,10 @@ def check_run_outputs(run_dir: Path, outputs: dict[str, Path | None], overwrite:
     no input of the run, inside the run only its ``eval/`` folder, an existing file only with
     ``overwrite`` (the run's own eval files among the ``defaults`` outputs excepted), and no two
     outputs the same file."""
-    from train.runs import read_config, run_inputs
+    from train.runs import run_inputs
 
     run = RunDir(run_dir)
-    inputs = run_inputs(run_dir, read_config(run_dir))
+    inputs = run_inputs(run_dir)
     check_distinct(outputs)
     for option, path in outputs.items():
         if path is not None:

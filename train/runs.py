@@ -150,7 +150,12 @@ def store_path(features: str | None) -> str | None:
 
 def run_inputs(run_dir: str | os.PathLike, config: dict[str, Any] | None = None) -> list[str]:
     """What a reader of the run reads, which its outputs may not replace: the run's prepared dataset
-    and feature store (its ``config.json`` and checkpoints: :meth:`train.rundir.RunDir.check_eval_output`)."""
+    and feature store (its ``config.json`` and checkpoints: :meth:`train.rundir.RunDir.check_eval_output`).
+    ``run_dir`` may be a model folder of ``train export-model`` (its ``model.json`` names them)."""
+    if config is None and is_model_folder(run_dir):
+        from train.model_export import read_model_json
+
+        config = read_model_json(Path(run_dir))
     settings = (config or read_config(run_dir)).get("settings", {})
     features = settings.get("features")
     store = store_path(features) if isinstance(features, str) else None
