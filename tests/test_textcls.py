@@ -283,6 +283,9 @@ def test_predict_evaluate_and_load_run(prepared: Path, tmp_path: Path, capsys) -
     plain = capsys.readouterr().out.splitlines()
     assert [p.split("\t")[0] for p in plain] == [x["label"] for x in lines]
     assert train_main(["predict", "--run", str(run_dir)]) == 2
+    # retrieval commands refuse a classification run in one line
+    assert train_main(["query", "--run", str(run_dir), "--text", "x"]) == 2
+    assert "a text classification run" in capsys.readouterr().err
 
     assert train_main(["evaluate", "--run", str(run_dir), "--noise", "0.1,0.25"]) == 0
     out = capsys.readouterr().out
