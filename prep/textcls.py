@@ -141,9 +141,11 @@ def read_textcls(s: PrepSection) -> tuple[list[RawText], list[str], list[int], l
     return rows, [str(v) for v in split_arr], labels, names, inputs
 
 
-def _tokenize(texts: list[str], langs: list[str], lowercase: bool) -> list[tuple[str, list[str]]]:
+def _tokenize(texts: list[str], langs: list[str], lowercase: bool, wheres: list[str]
+              ) -> list[tuple[str, list[str]]]:
     """``(text, tokens)`` per row: en/de/ja as :mod:`prep.tokenize` (ja romanized), other languages with
-    spaCy's blank tokenizer of that language."""
+    spaCy's blank tokenizer of that language (``wheres``: each row's ``FILE:LINE``, for the error of a
+    language without one)."""
     from prep.console import progress
     from prep.tokenize import SUPPORTED, _blank, tokenize, transliterate
 
@@ -151,6 +153,10 @@ def _tokenize(texts: list[str], langs: list[str], lowercase: bool) -> list[tuple
     with progress(total=len(texts), desc="tokenizing", unit="text") as bar:
         for lang in sorted(set(langs)):
             rows = [i for i, lg in enumerate(langs) if lg == lang]
+            try:
+                _blank(lang)
+            except UserError as exc:
+                raise UserError(f"{wheres[rows[0]]}: language '{lang}' ({len(rows)} rows): {exc}") from None
             if lang == "ja":
                 for i in rows:
                     out[i] = transliterate(texts[i], lowercase)
@@ -185,7 +191,7 @@ def build_textcls(s: PrepSection) -> tuple[dict[str, Any], dict[str, Any], list[
                 dropped_first.append(row.where)
             continue
         kept.append((row, split, text, row.lang or s.lang, label))
-    tokenized = _tokenize([k[2] for k in kept], [k[3] for k in kept], s.lowercase)
+    tokenized = _tokenize([k[2] for k in kept], [k[3] for k in kept], s.lowercase, [k[0].where for k in kept])
     items = []
     for n, ((row, split, _, lang, label), (text, toks)) in enumerate(zip(kept, tokenized, strict=True)):
         items.append({"id": n, "split": split, "label": label, "text": text, "tokens": toks, "lang": lang,

@@ -95,6 +95,17 @@ def test_prep_generic_csv_keeps_each_rows_language(tmp_path: Path) -> None:
     assert ds.tokens[k][:3] == ["ein", "schlechter", "tag"]
 
 
+def test_a_language_without_a_tokenizer_is_a_one_line_error_naming_its_first_row(tmp_path: Path,
+                                                                                   capsys) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("label,text,lang\na,one,en\nb,two,en\na,drei,zz\nb,four,en\n", encoding="utf-8")
+    assert prep_main(["textcls", "--format", "csv", "--train", str(path), "--label-col", "label",
+                      "--text-cols", "text", "--lang-col", "lang", "--test-fraction", "0.25", "--out",
+                      str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "t.csv:4: language 'zz' (1 rows)" in err
+
+
 def test_stratified_take_is_exact_per_class_and_seeded() -> None:
     labels = np.repeat([0, 1, 2, 3], [1900, 1900, 1900, 1900])
     mask = stratified_take(labels, 1500 / 7600, np.random.default_rng(0))
@@ -272,6 +283,9 @@ def test_predict_evaluate_and_load_run(prepared: Path, tmp_path: Path, capsys) -
     plain = capsys.readouterr().out.splitlines()
     assert [p.split("\t")[0] for p in plain] == [x["label"] for x in lines]
     assert train_main(["predict", "--run", str(run_dir)]) == 2
+    # retrieval commands refuse a classification run in one line
+    assert train_main(["query", "--run", str(run_dir), "--text", "x"]) == 2
+    assert "a text classification run" in capsys.readouterr().err
 
     assert train_main(["evaluate", "--run", str(run_dir), "--noise", "0.1,0.25"]) == 0
     out = capsys.readouterr().out

@@ -347,6 +347,13 @@ class ClassificationRun:
     epoch: int
     _dataset: TextClsDataset | None = field(default=None, repr=False)
 
+    def __getattr__(self, name: str) -> Any:
+        # what the retrieval commands (query, export-embeddings) ask of a LoadedRun: one line, not a traceback
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise UserError(f"{self.run_dir}: a text classification run has no '{name}' (retrieval commands "
+                        "need a retrieval run; use `train predict` or `train evaluate --run`)")
+
     @property
     def labels(self) -> list[str]:
         """Class names, in the order of the logits."""

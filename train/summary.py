@@ -33,6 +33,9 @@ def run_summary(run_dir: str | Path, protocol: str | None = None) -> dict[str, A
     """
     run_dir = Path(run_dir)
     config = read_config(run_dir)
+    if config.get("task") == "classify":
+        raise UserError(f"{run_dir}: a text classification run; `train report` compares retrieval runs "
+                        "(see its eval/test.json, or `train evaluate --run`)")
     check_checkpoints(run_dir)
     settings = config.get("settings", {})
     metrics_file = RunDir(run_dir).metrics
