@@ -42,11 +42,12 @@ def export_embeddings(run_dir: str | Path, out: str | Path, splits: list[str], c
     files of the same names already there are replaced only with ``overwrite`` (the folder's other
     files are kept). ``accept_changed``: use a run whose inputs changed since training (a warning).
     """
-    from train.runs import embed_split, load_run, read_config, run_inputs
+    from train.runs import embed_split, load_run, run_inputs
 
-    inputs = [run_dir, *run_inputs(run_dir, read_config(run_dir))]
+    inputs = [run_dir, *run_inputs(run_dir)]
     out = check_output_folder(out, export_names(splits), inputs=inputs, overwrite=overwrite)
-    run = load_run(run_dir, checkpoint, device, accept_changed=accept_changed)
+    run = load_run(run_dir, checkpoint, device)
+    run.accept_changed = accept_changed
     written: list[Path] = []
     for split in splits:
         emb = embed_split(run, split)

@@ -218,12 +218,13 @@ def _command(args: argparse.Namespace) -> int:
     run_dir = run_from_arguments(args)
     if args.json:  # not an input (the run, its data and store, the query images), not inside an artifact
         from prep.outputs import check_output_file
-        from train.runs import read_config, run_inputs
+        from train.runs import run_inputs
 
-        inputs = [run_dir, *run_inputs(run_dir, read_config(run_dir)), args.data,
+        inputs = [run_dir, *run_inputs(run_dir), args.data,
                   store_path(args.features), *(args.image or [])]
         check_output_file(args.json, inputs=inputs, overwrite=args.overwrite, option="--json")
-    run = load_run(run_dir, args.checkpoint, args.device, accept_changed=args.accept_changed)
+    run = load_run(run_dir, args.checkpoint, args.device)
+    run.accept_changed = args.accept_changed
     split = None if args.split == "all" else args.split
     if args.data and args.split == "test" and not args.split_given:
         split = None  # another collection: all its images unless --split says otherwise

@@ -148,7 +148,12 @@ def store_path(features: str | None) -> str | None:
 def run_inputs(run_dir: str | os.PathLike, config: dict[str, Any] | None = None) -> list[str]:
     """What a reader of the run reads, which its outputs may not replace: the run's prepared dataset
     and feature store (its ``config.json`` and checkpoints: :meth:`train.rundir.RunDir.check_eval_output`)."""
-    settings = (config or read_config(run_dir)).get("settings", {})
+    if config is None:
+        try:
+            config = read_config(run_dir)
+        except UserError:  # not a run: loading it says so
+            return []
+    settings = config.get("settings", {})
     features = settings.get("features")
     store = store_path(features) if isinstance(features, str) else None
     return [v for v in (settings.get("data"), store) if v]
@@ -348,12 +353,12 @@ class LoadedRun:
                                 codec=self.codec, counts=self.region_counts)
 
 
-def load_run(run_dir: str | os.PathLike, checkpoint: str = "best", device: str = "auto",
-             accept_changed: bool = False) -> LoadedRun:
+def load_run(run_dir: str | os.PathLike, checkpoint: str = "best", device: str = "auto") -> LoadedRun:
     """Rebuild the model of ``run_dir`` from ``checkpoints/<checkpoint>.pt`` (``best`` or ``last``).
 
     The run's dataset and features are checked against the fingerprints of its ``config.json`` when
-    first read: a change is a :class:`UserError` naming it, or with ``accept_changed`` a warning.
+    first read: a change is a :class:`UserError` naming it, or a warning once ``accept_changed`` is set
+    on the returned run.
     """
     from train.models.vse import build_model
 
@@ -374,7 +379,7 @@ def load_run(run_dir: str | os.PathLike, checkpoint: str = "best", device: str =
                         f"(trained with code {config.get('code_version', '?')}): {first}") from None
     model.to(dev).eval()
     return LoadedRun(run_dir=run_dir, settings=settings, config=config, model=model, device=dev,
-                     checkpoint=checkpoint, epoch=int(state["epoch"]), accept_changed=accept_changed)
+                     checkpoint=checkpoint, epoch=int(state["epoch"]))
 
 
 def embed_split(run: LoadedRun, split: str, texts: list[str] | None = None, lang: str | None = None
