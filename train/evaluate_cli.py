@@ -311,7 +311,8 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
                           out_dir, ranks_path, gallery_path)
     given = {"--ranks", "--gallery"} | ({"--json"} if json_path is not None else set())
     check_run_outputs(run_dir, outputs, overwrite, [k for k in outputs if k not in given])
-    run = load_run(run_dir, checkpoint, device, accept_changed=accept_changed)
+    run = load_run(run_dir, checkpoint, device)
+    run.accept_changed = accept_changed
     # too few images for a protocol: say so now, not after embedding the split
     if lang is not None and lang not in run.dataset.languages:
         raise UserError(f"--lang {lang}: {run.settings.data} has no captions in it (it has "

@@ -46,7 +46,8 @@ def export_embeddings(run_dir: str | Path, out: str | Path, splits: list[str], c
 
     inputs = [run_dir, *run_inputs(run_dir)]
     out = check_output_folder(out, export_names(splits), inputs=inputs, overwrite=overwrite)
-    run = load_run(run_dir, checkpoint, device, accept_changed=accept_changed)
+    run = load_run(run_dir, checkpoint, device)
+    run.accept_changed = accept_changed
     written: list[Path] = []
     for split in splits:
         emb = embed_split(run, split)

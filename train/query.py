@@ -223,7 +223,8 @@ def _command(args: argparse.Namespace) -> int:
         inputs = [run_dir, *run_inputs(run_dir), args.data,
                   store_path(args.features), *(args.image or [])]
         check_output_file(args.json, inputs=inputs, overwrite=args.overwrite, option="--json")
-    run = load_run(run_dir, args.checkpoint, args.device, accept_changed=args.accept_changed)
+    run = load_run(run_dir, args.checkpoint, args.device)
+    run.accept_changed = args.accept_changed
     split = None if args.split == "all" else args.split
     if args.data and args.split == "test" and not args.split_given:
         split = None  # another collection: all its images unless --split says otherwise

@@ -65,6 +65,13 @@ def _temporary_of(name: str, written: Iterable[str] | re.Pattern[str]) -> bool:
     return any(p in written for p in prefixes)
 
 
+def _written_by_train(entry: os.DirEntry, written: frozenset[str] | re.Pattern[str]) -> bool:
+    """Whether the folder entry is a plain file of the ``written`` names (or one's temporary)."""
+    name = entry.name
+    named = written.fullmatch(name) is not None if isinstance(written, re.Pattern) else name in written
+    return entry.is_file(follow_symlinks=False) and (named or _temporary_of(name, written))
+
+
 def is_eval_file(name: str) -> bool:
     """Whether ``name`` is a file train writes into a run's ``eval/`` folder (see the module doc)."""
     return _EVAL_FILE.fullmatch(name) is not None
@@ -172,22 +179,13 @@ class RunDir:
                 written = {CHECKPOINTS: _CHECKPOINT_FILES, EVAL: _EVAL_FILE,
                            TENSORBOARD: _TENSORBOARD_FILE}[name]
                 foreign += [f"{name}/{n}" for n in self._foreign_in(self.path / name, written)]
-            elif not (entry.is_file(follow_symlinks=False) and (name in _TOP_FILES or _temporary_of(name,
-                                                                                                   _TOP_FILES))):
+            elif not _written_by_train(entry, _TOP_FILES):
                 foreign.append(name)
         return foreign
 
     @staticmethod
     def _foreign_in(folder: Path, written: frozenset[str] | re.Pattern[str]) -> list[str]:
-        out = []
-        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-            name = entry.name
-            ok = entry.is_file(follow_symlinks=False) and (
-                (written.fullmatch(name) is not None if isinstance(written, re.Pattern) else name in written)
-                or _temporary_of(name, written))
-            if not ok:
-                out.append(name)
-        return out
+        return sorted(e.name for e in os.scandir(folder) if not _written_by_train(e, written))
 
     def kept(self) -> str | None:
         """What a stopped training run keeps, for :func:`prep.errors.resume_hint`, e.g. ``epoch 3 kept:
@@ -270,16 +268,14 @@ class RunDir:
             folder = self.path / name
             if not folder.is_dir() or folder.is_symlink():
                 continue
-            foreign = set(self._foreign_in(folder, written))
             for entry in os.scandir(folder):
-                if entry.name not in foreign:
+                if _written_by_train(entry, written):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(entry.path)
             with contextlib.suppress(OSError):
                 folder.rmdir()
         for entry in os.scandir(self.path):
-            if entry.is_file(follow_symlinks=False) and (entry.name in _TOP_FILES - {RUN_MARKER}
-                                                         or _temporary_of(entry.name, _TOP_FILES)):
+            if entry.name != RUN_MARKER and _written_by_train(entry, _TOP_FILES):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)
 

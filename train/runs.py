@@ -156,7 +156,12 @@ def run_inputs(run_dir: str | os.PathLike, config: dict[str, Any] | None = None)
         from train.model_export import read_model_json
 
         config = read_model_json(Path(run_dir))
-    settings = (config or read_config(run_dir)).get("settings", {})
+    if config is None:
+        try:
+            config = read_config(run_dir)
+        except UserError:  # not a run: loading it says so
+            return []
+    settings = config.get("settings", {})
     features = settings.get("features")
     store = store_path(features) if isinstance(features, str) else None
     return [v for v in (settings.get("data"), store) if v]
@@ -435,12 +440,12 @@ class LoadedRun:
                                 codec=self.codec, counts=self.region_counts)
 
 
-def load_run(run_dir: str | os.PathLike, checkpoint: str = "best", device: str = "auto",
-             accept_changed: bool = False) -> LoadedRun:
+def load_run(run_dir: str | os.PathLike, checkpoint: str = "best", device: str = "auto") -> LoadedRun:
     """Rebuild the model of ``run_dir`` from ``checkpoints/<checkpoint>.pt`` (``best`` or ``last``).
 
     The run's dataset and features are checked against the fingerprints of its ``config.json`` when
-    first read: a change is a :class:`UserError` naming it, or with ``accept_changed`` a warning.
+    first read: a change is a :class:`UserError` naming it, or a warning once ``accept_changed`` is set
+    on the returned run.
 
     A ``train classify`` run gives a :class:`train.classify.ClassificationRun` (``predict``,
     ``probabilities``, ``evaluate``) instead.
@@ -473,7 +478,7 @@ def load_run(run_dir: str | os.PathLike, checkpoint: str = "best", device: str =
                         f"(trained with code {config.get('code_version', '?')}): {first}") from None
     model.to(dev).eval()
     return LoadedRun(run_dir=run_dir, settings=settings, config=config, model=model, device=dev,
-                     checkpoint=checkpoint, epoch=int(state["epoch"]), accept_changed=accept_changed)
+                     checkpoint=checkpoint, epoch=int(state["epoch"]))
 
 
 def is_model_folder(path: str | os.PathLike) -> bool:
