@@ -442,3 +442,25 @@ def test_sigterm_while_writing_ranks_leaves_no_temporary(trained: Path, tmp_path
                   "--ranks", ranks]) == 143
     assert capsys.readouterr().err.strip() == "train: terminated"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e.json"]
+
+
+def test_sigterm_during_training_says_what_was_kept(data, tmp_path: Path, capsys, monkeypatch) -> None:
+    from train import trainer
+
+    prepared, features = data
+    real = trainer.Trainer.write_metrics
+
+    def write_then_terminate(self: trainer.Trainer) -> None:
+        real(self)
+        if self.history:  # after epoch 1's checkpoints and metrics, as a batch scheduler would
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(trainer.Trainer, "write_metrics", write_then_terminate)
+    run = tmp_path / "run"
+    assert train(["chain", "--data", prepared, "--features", features, *TINY, "--epochs", "3",
+                  "--out", run]) == 143
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        "train: terminated (epoch 1 kept: re-run with --resume)"
+    assert not [p for p in run.rglob("*.tmp")]
+    monkeypatch.setattr(trainer.Trainer, "write_metrics", real)
+    assert train(["chain", "--out", run, "--resume"]) == 0
