@@ -349,8 +349,49 @@ def test_export_embeddings_reproduce_the_test_evaluation(data, tmp_path, capsys)
     ids = json.loads((out / "test_ids.json").read_text())
     assert img.shape[0] == len(ids["images"]) and cap.shape[0] == len(ids["captions"]) == len(caption_image)
     assert (np.diff(caption_image) >= 0).all()  # captions grouped by image, in image order
+    assert len(set(np.bincount(caption_image).tolist())) > 1  # a ragged split: 2 or 3 captions per image
     metrics = evaluate_protocols(img, cap, caption_image, "order")["all"].metrics.to_dict()
     stored = json.loads((run / "eval" / "test.json").read_text())["protocols"]["all"]
     for direction in ("i2t", "t2i"):
         for key in ("r1", "r5", "r10", "medr", "meanr"):
             assert metrics[direction][key] == pytest.approx(stored[direction][key]), (direction, key)
+
+    # the command line reads the export back: the caption-image file beside --cap-emb is found by itself,
+    # or named; a similarity matrix of the same scores gives the same numbers
+    from train.similarity import similarity
+
+    sims = similarity(torch.from_numpy(img), torch.from_numpy(cap), "order").numpy()
+    np.save(tmp_path / "sims.npy", sims)
+    sources = {"found": ["--img-emb", str(out / "test_img.npy"), "--cap-emb", str(out / "test_cap.npy"),
+                         "--measure", "order"],
+               "named": ["--img-emb", str(out / "test_img.npy"), "--cap-emb", str(out / "test_cap.npy"),
+                         "--measure", "order", "--caption-image", str(out / "test_caption_image.npy")],
+               "sims": ["--sims", str(tmp_path / "sims.npy"), "--caption-image",
+                        str(out / "test_caption_image.npy")]}
+    capsys.readouterr()
+    for name, source in sources.items():
+        assert train_main(["evaluate", *source, "--protocol", "all", "--device", "cpu", "--json",
+                           str(tmp_path / f"{name}.json")]) == 0, name
+        got = json.loads((tmp_path / f"{name}.json").read_text())
+        got = got.get("protocols", got)["all"]
+        for direction in ("i2t", "t2i"):
+            assert got[direction] == stored[direction], (name, direction)
+        assert got["rsum"] == stored["rsum"]
+    assert "test_caption_image.npy (the image row of each caption, found beside" in capsys.readouterr().out
+
+    # a caption-image file that does not fit: one line each
+    bad = {"short.npy": caption_image[:-1], "range.npy": np.where(np.arange(len(caption_image)) == 0,
+                                                                  len(img), caption_image),
+           "gap.npy": np.where(caption_image == 0, 1, caption_image), "float.npy": caption_image * 1.0,
+           "unsorted.npy": caption_image[::-1].copy()}
+    expected = {"short.npy": "entries for", "range.npy": "outside 0..", "gap.npy": "without any caption cannot be ranked: 0",
+                "float.npy": "1-D integer array", "unsorted.npy": "grouped by image"}
+    for name, array in bad.items():
+        np.save(tmp_path / name, array)
+        source = (sources["sims"][:2] if name == "unsorted.npy" else sources["found"]) + [
+            "--caption-image", str(tmp_path / name)]
+        assert train_main(["evaluate", *source, "--device", "cpu"]) == 2, name
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and expected[name] in err, (name, err)
+    assert train_main(["evaluate", *sources["named"], "--captions-per-image", "2"]) == 2
+    assert "not both" in capsys.readouterr().err

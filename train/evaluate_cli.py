@@ -7,7 +7,10 @@ Three sources:
   JSON and PNG outputs go to ``RUN_DIR/eval/`` unless ``--out`` says otherwise.
 * ``--img-emb IMG.npy --cap-emb CAP.npy``: embeddings saved by any codebase in the VSE++ layout
   (one image per row, ``--captions-per-image`` captions per image in image order; an image file
-  with one row per caption, as VSE++ sometimes saves it, is reduced to every k-th row).
+  with one row per caption, as VSE++ sometimes saves it, is reduced to every k-th row), or with any
+  number of captions per image given by ``--caption-image CI.npy`` (the image row of each caption;
+  ``X_caption_image.npy`` beside ``X_cap.npy``, as ``train export-embeddings`` writes them, is found
+  by itself), so an export of a ragged split evaluates to the run's own numbers.
 * ``--sims S.npy``: an (images, captions) similarity matrix computed by another codebase (e.g.
   SCAN's cross-attention scores), captions in the same layout; larger = more similar, no measure.
   It is memory-mapped and read tile by tile; ``--sims-transposed`` reads a (captions, images) file.
@@ -87,6 +90,48 @@ def load_embedding_file(path: str | Path, what: str) -> np.ndarray:
         raise UserError(f"{path}: {what} embeddings must be a 2-D numeric array, got {data.dtype} "
                         f"{data.shape}")
     return np.ascontiguousarray(data, dtype=np.float32)
+
+
+def load_caption_image(path: str | Path, n_images: int, n_captions: int, grouped: bool = False) -> np.ndarray:
+    """The (M,) image row of each caption from ``.npy`` (``train export-embeddings`` writes it as
+    ``{split}_caption_image.npy``): integers, one per caption, each in ``0..N-1``, every image with at
+    least one caption (any number each); with ``grouped`` (a ``--sims`` matrix), in image order.
+    Anything else is a one-line :class:`UserError` naming the file."""
+    path = Path(path)
+    try:
+        ci = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise UserError(f"{path}: caption-image file not found") from None
+    except (ValueError, OSError) as exc:
+        raise UserError(f"{path}: cannot read a caption-image array as .npy ({exc})") from None
+    if not isinstance(ci, np.ndarray) or ci.ndim != 1 or not np.issubdtype(ci.dtype, np.integer):
+        what = f"{ci.dtype} {ci.shape}" if isinstance(ci, np.ndarray) else type(ci).__name__
+        raise UserError(f"{path}: expected a 1-D integer array (the image row of each caption), got {what}")
+    if ci.shape[0] != n_captions:
+        raise UserError(f"{path}: {ci.shape[0]} entries for {n_captions} captions (one per caption)")
+    if n_captions and (int(ci.min()) < 0 or int(ci.max()) >= n_images):
+        bad = int(np.flatnonzero((ci < 0) | (ci >= n_images))[0])
+        raise UserError(f"{path}: caption {bad} names image row {int(ci[bad])}, outside 0..{n_images - 1}")
+    counts = np.bincount(ci, minlength=n_images)
+    if (counts == 0).any():
+        missing = np.flatnonzero(counts == 0)
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise UserError(f"{path}: image rows without any caption cannot be ranked: "
+                        f"{', '.join(map(str, missing[:5]))}{more}")
+    if grouped and n_captions > 1 and (np.diff(ci) < 0).any():
+        raise UserError(f"{path}: the captions of a similarity matrix must be grouped by image "
+                        "(all captions of image 0, then of image 1, ...)")
+    return ci.astype(np.int64)
+
+
+def caption_image_beside(cap_emb: str | Path) -> Path | None:
+    """``{prefix}_caption_image.npy`` beside ``{prefix}_cap.npy`` (what ``export-embeddings`` writes), if
+    it is there."""
+    cap_emb = Path(cap_emb)
+    if not cap_emb.name.endswith("_cap.npy"):
+        return None
+    candidate = cap_emb.with_name(cap_emb.name[: -len("_cap.npy")] + "_caption_image.npy")
+    return candidate if candidate.is_file() else None
 
 
 def vsepp_images(images: np.ndarray, n_captions: int, captions_per_image: int, log: Log) -> np.ndarray:
@@ -393,11 +438,23 @@ def _evaluate_files(args: argparse.Namespace, protocols: list[str]) -> None:
                         "images: use --run")
     ranks_path = Path(args.ranks) if args.ranks else None
     topk = _check_topk(args.topk, ranks_path)
-    _check_file_outputs(args, [args.img_emb, args.cap_emb])
+    if args.caption_image is not None and args.captions_per_image is not None:
+        raise UserError("give --caption-image or --captions-per-image, not both")
+    ci_file = args.caption_image
+    if ci_file is None and args.captions_per_image is None:
+        ci_file = caption_image_beside(args.cap_emb)
+        if ci_file is not None:
+            print(f"note: using {ci_file} (the image row of each caption, found beside --cap-emb; give "
+                  "--captions-per-image K to use the fixed VSE++ layout instead)")
+    _check_file_outputs(args, [args.img_emb, args.cap_emb, ci_file])
     captions = load_embedding_file(args.cap_emb, "caption")
-    images = vsepp_images(load_embedding_file(args.img_emb, "image"), captions.shape[0],
-                          args.captions_per_image, print)
-    caption_image = torch.from_numpy(vsepp_caption_image(images.shape[0], args.captions_per_image))
+    if ci_file is not None:
+        images = load_embedding_file(args.img_emb, "image")
+        caption_image = torch.from_numpy(load_caption_image(ci_file, images.shape[0], captions.shape[0]))
+    else:
+        k = 5 if args.captions_per_image is None else args.captions_per_image
+        images = vsepp_images(load_embedding_file(args.img_emb, "image"), captions.shape[0], k, print)
+        caption_image = torch.from_numpy(vsepp_caption_image(images.shape[0], k))
     evaluate_and_report(torch.from_numpy(images), torch.from_numpy(captions), caption_image, args.measure,
                         protocols, args.order_sqrt, args.fold_size, args.device, args.chance,
                         Path(args.json) if args.json else None, title=f"{args.img_emb} / {args.cap_emb}",
@@ -412,15 +469,23 @@ def _evaluate_sims(args: argparse.Namespace, protocols: list[str]) -> None:
     if args.noise or args.length_analysis or args.gallery:
         raise UserError("--noise, --length-analysis and --gallery re-encode or read the captions and "
                         "images: use --run")
-    if args.captions_per_image < 1:
+    if args.caption_image is not None and args.captions_per_image is not None:
+        raise UserError("give --caption-image or --captions-per-image, not both")
+    k = 5 if args.captions_per_image is None else args.captions_per_image
+    if k < 1:
         raise UserError("--captions-per-image must be at least 1")
     ranks_path = Path(args.ranks) if args.ranks else None
     topk = _check_topk(args.topk, ranks_path)
-    _check_file_outputs(args, [args.sims])
+    _check_file_outputs(args, [args.sims, args.caption_image])
     sims = load_similarity_file(args.sims)
-    k = args.captions_per_image
-    n = sims_images(sims, k, args.sims_transposed, str(args.sims))
-    caption_image = torch.from_numpy(vsepp_caption_image(n, k))
+    if args.caption_image is not None:
+        if sims.ndim != 2:
+            raise UserError(f"{args.sims}: a similarity matrix must be 2-D, got shape {sims.shape}")
+        n, m = (sims.shape[1], sims.shape[0]) if args.sims_transposed else sims.shape
+        caption_image = torch.from_numpy(load_caption_image(args.caption_image, n, m, grouped=True))
+    else:
+        n = sims_images(sims, k, args.sims_transposed, str(args.sims))
+        caption_image = torch.from_numpy(vsepp_caption_image(n, k))
     check_similarity_matrix(sims, caption_image, args.sims_transposed, name=str(args.sims))
 
     def evaluate(on_tile: TileHook, log: Log) -> dict[str, ProtocolResult]:
@@ -528,8 +593,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="similarity of --img-emb/--cap-emb (a run uses its own; --sims has none)")
     src.add_argument("--order-sqrt", action="store_true",
                      help="order violation with the square root (released VSE/CHAIN code); same rankings")
-    src.add_argument("--captions-per-image", type=int, default=5,
-                     help="captions per image in --cap-emb / --sims")
+    src.add_argument("--captions-per-image", type=int, default=None,
+                     help="captions per image in --cap-emb / --sims, in image order (the VSE++ layout; "
+                     "default 5)")
+    src.add_argument("--caption-image", metavar="CI.npy",
+                     help="the image row of each caption of --cap-emb / --sims ((M,) integers, any number of "
+                     "captions per image), as export-embeddings writes it; with --cap-emb X_cap.npy, "
+                     "X_caption_image.npy beside it is used when there and --captions-per-image is not given")
     src.add_argument("--split", default=None, choices=("train", "val", "test"),
                      help="split of --run (default test, or the pipeline's)")
     src.add_argument("--checkpoint", default="best", choices=("best", "last"), help="checkpoint of --run")

@@ -4,8 +4,9 @@ For each split asked for, in the layout other codebases evaluate (VSE++/SCAN): `
 (N, d) one row per image in the split's image order, ``{split}_cap.npy`` (M, d) the captions grouped
 by image in the same order, ``{split}_caption_image.npy`` (M,) the row of each caption's image, and
 ``{split}_ids.json`` (each image's prepared imgid, COCO id where known and file; each caption's
-text). ``train evaluate --img-emb {split}_img.npy --cap-emb {split}_cap.npy`` reads them back when
-every image has the same number of captions.
+text). ``train evaluate --img-emb {split}_img.npy --cap-emb {split}_cap.npy`` reads them back, with
+the caption-image file found beside them, to exactly the run's own numbers for any number of captions
+per image (a ragged split such as the COCO sample's test split included).
 """
 
 from __future__ import annotations
