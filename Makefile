@@ -13,8 +13,9 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# one torch thread: CPU sums are ordered by the thread count, so the demo then prints the README's
-# table digit for digit on any CPU machine (with 2 threads the last digits differ)
+# one torch thread: CPU sums are ordered by the thread count and by the kernels of the CPU's instruction
+# set, so the demo prints the README's table digit for digit with one thread on a CPU running the
+# development machine's kernels; elsewhere within a few points of rsum (docs/reproducibility.md)
 demo: $(STAMP)
 	OMP_NUM_THREADS=1 $(VENV)/bin/train pipeline demo
 
