@@ -384,8 +384,9 @@ def test_export_embeddings_reproduce_the_test_evaluation(data, tmp_path, capsys)
                                                                   len(img), caption_image),
            "gap.npy": np.where(caption_image == 0, 1, caption_image), "float.npy": caption_image * 1.0,
            "unsorted.npy": caption_image[::-1].copy()}
-    expected = {"short.npy": "entries for", "range.npy": "outside 0..", "gap.npy": "without any caption cannot be ranked: 0",
-                "float.npy": "1-D integer array", "unsorted.npy": "grouped by image"}
+    expected = {"short.npy": "entries for", "range.npy": "outside 0..",
+                "gap.npy": "without any caption cannot be ranked: 0", "float.npy": "1-D integer array",
+                "unsorted.npy": "grouped by image"}
     for name, array in bad.items():
         np.save(tmp_path / name, array)
         source = (sources["sims"][:2] if name == "unsorted.npy" else sources["found"]) + [
