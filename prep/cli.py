@@ -131,15 +131,16 @@ class _Cleaner:
         """
         if not isinstance(text, str):
             raise UserError(f"{where}: caption must be a string, got {type(text).__name__}")
-        at = lone_surrogate(text)
-        if at is not None:
-            raise UserError(f"{where}: caption holds a lone surrogate (U+{ord(text[at]):04X}) at character "
-                            f"{at}, which is not Unicode text; fix the source file")
-        text, removed = strip_controls(text)
-        if removed:
-            self.repaired["control_characters"] += 1
-            if len(self.repaired_first) < LIST_FIRST:
-                self.repaired_first.append(where)
+        if not text.isprintable():  # the rare caption with a control, a surrogate or a tab: look closer
+            at = lone_surrogate(text)
+            if at is not None:
+                raise UserError(f"{where}: caption holds a lone surrogate (U+{ord(text[at]):04X}) at "
+                                f"character {at}, which is not Unicode text; fix the source file")
+            text, removed = strip_controls(text)
+            if removed:
+                self.repaired["control_characters"] += 1
+                if len(self.repaired_first) < LIST_FIRST:
+                    self.repaired_first.append(where)
         text = normalize(text)
         if not text:
             self.dropped["empty_captions"] += 1
