@@ -84,6 +84,11 @@ def _deep_yj(work: Path) -> list[str]:
     return ["yjcaptions", "--yj", str(work / "yj.json"), "--coco-karpathy", str(_karpathy(work, _images()))]
 
 
+def _deep_pipelines(work: Path) -> list[str]:
+    (work / "pipelines.yaml").write_text(DEEP)
+    return ["synthetic", "--pipeline", "demo", "--pipelines", str(work / "pipelines.yaml")]
+
+
 def _duplicate(key: str) -> Callable[[Path], list[str]]:
     def make(work: Path) -> list[str]:
         images = _images()
@@ -156,6 +161,7 @@ HOSTILE = [
     ("100k-deep split file", _deep_split_file, "nested too deeply"),
     ("100k-deep flat file", _deep_flat, "nested too deeply"),
     ("100k-deep YJ file", _deep_yj, "nested too deeply"),
+    ("100k-deep pipelines file", _deep_pipelines, "nested too deeply"),
     ("duplicate cocoid", _duplicate("cocoid"), "duplicate image cocoid 0"),
     ("duplicate imgid", _duplicate("imgid"), "duplicate image imgid 0"),
     ("duplicate cocoid of a restval image", _duplicate_restval_cocoid, "duplicate image cocoid 1"),
