@@ -56,6 +56,18 @@ def _surrogate(work: Path) -> list[str]:
     return ["karpathy", "--karpathy", str(_karpathy(work, images)), "--images", str(work / "images")]
 
 
+def _surrogate_in(key: str) -> Callable[[Path], list[str]]:
+    def make(work: Path) -> list[str]:
+        images = _images()
+        if key == "dataset":
+            path = _karpathy(work, json.dumps({"dataset": "x\udc80", "images": images}))
+        else:
+            images[0][key] = "a\ud800.jpg"
+            path = _karpathy(work, images)
+        return ["karpathy", "--karpathy", str(path), "--images", str(work / "images")]
+    return make
+
+
 def _deep_karpathy(work: Path) -> list[str]:
     return ["karpathy", "--karpathy", str(_karpathy(work, DEEP)), "--images", str(work / "images")]
 
@@ -156,6 +168,8 @@ def _symlinked_folder(work: Path) -> list[str]:
 #: (case, build the inputs and return the arguments (``--out`` is added unless given), words of the message)
 HOSTILE = [
     ("lone surrogate in a caption", _surrogate, "lone surrogate"),
+    ("lone surrogate in a file name", _surrogate_in("filename"), "images[0].filename: holds a lone"),
+    ("lone surrogate in the dataset name", _surrogate_in("dataset"), "dataset: holds a lone surrogate"),
     ("100k-deep Karpathy JSON", _deep_karpathy, "nested too deeply"),
     ("100k-deep COCO caption file", _deep_annotations, "nested too deeply"),
     ("100k-deep split file", _deep_split_file, "nested too deeply"),
