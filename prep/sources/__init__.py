@@ -19,6 +19,8 @@ from typing import Any
 from prep.errors import UserError
 
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+#: the JSON escape of a surrogate code point (``\ud83d`` ...); a file without one decodes to none
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 @dataclass
@@ -88,7 +90,7 @@ def read_json(path: str | os.PathLike) -> Any:
     except RecursionError:
         raise UserError(f"{path}: JSON nested too deeply to read (thousands of levels of lists or "
                         "objects); not an annotation file") from None
-    if "\\ud" in text or "\\uD" in text:  # a surrogate escape: a pair (an emoji) or a lone one
+    if "\\" in text and _SURROGATE_ESCAPE.search(text):  # a pair (an emoji) or a lone one: look closer
         _check_no_lone_surrogate(data, path)
     return data
 
