@@ -260,3 +260,19 @@ def test_hdf5_import_refuses_complex_features(work, capsys):
     err = _one_line_error(["import", "--format", "hdf5", "--h5", str(h5file), "--data", str(work / "data"),
                            "--out", str(work / "i.zarr")], capsys)
     assert "complex" in err and _tree(work) == before
+
+
+def test_deferred_interrupts_raise_at_check_and_restore_handlers():
+    from prep.errors import Terminated
+    from prep.io import deferred_interrupts
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt), deferred_interrupts() as interrupts:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+        reached = True  # noted, not raised: the writer goes on to its next check
+        interrupts.check()
+    assert reached and signal.getsignal(signal.SIGINT) is before
+    with pytest.raises(Terminated), deferred_interrupts():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)  # never checked: raised when the block ends
