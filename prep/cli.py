@@ -323,12 +323,12 @@ def find_missing_images(dataset: dict[str, Any], root: Path) -> list[str]:
     folders: dict[str, Path] = {}  # filepath -> its real folder (resolved once per folder)
     missing = []
     for im in progress(dataset["images"], desc="checking images", unit="img"):
-        folder = im.get("filepath") or ""
-        rel = f"{folder}/{im['filename']}" if folder else im["filename"]
+        rel = f"{im['filepath']}/{im['filename']}" if im.get("filepath") else im["filename"]
+        folder, name = os.path.split(rel)  # a file name may hold folders too
         if folder not in folders:
             folders[folder] = Path(os.path.realpath(root / folder))
             _check_inside(root / folder, folders[folder], real_root, rel)
-        path = folders[folder] / im["filename"]
+        path = folders[folder] / name
         try:
             mode = os.lstat(path).st_mode
         except OSError:

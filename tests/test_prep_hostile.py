@@ -165,6 +165,15 @@ def _symlinked_folder(work: Path) -> list[str]:
     return ["karpathy", "--karpathy", str(path), "--images", str(work / "root")]
 
 
+def _symlinked_folder_in_filename(work: Path) -> list[str]:
+    images = _images()
+    images[1]["filename"] = "linked/1.jpg"
+    path = _karpathy(work, images)
+    (work / "root").mkdir()
+    (work / "root" / "linked").symlink_to(work / "images")
+    return ["karpathy", "--karpathy", str(path), "--images", str(work / "root")]
+
+
 #: (case, build the inputs and return the arguments (``--out`` is added unless given), words of the message)
 HOSTILE = [
     ("lone surrogate in a caption", _surrogate, "lone surrogate"),
@@ -189,6 +198,7 @@ HOSTILE = [
     ("--out inside a feature store", _inside_artifact("store"), "lies inside the feature store"),
     ("image symlink leaving --images", _symlinked_image, "outside the images folder"),
     ("folder symlink leaving --images", _symlinked_folder, "outside the images folder"),
+    ("folder symlink in a file name", _symlinked_folder_in_filename, "outside the images folder"),
 ]
 
 
