@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import sys
 
+from prep import interrupted_while_loading
+
 # Ctrl-C while these modules load (a fifth of a second, mostly pydantic) ends like any other
 # interruption of prep: one line and status 130, for `python -m prep` and for the `prep` script alike.
-try:
+with interrupted_while_loading("prep"):
     import argparse
     import errno
     import os
@@ -52,9 +54,6 @@ try:
     from prep.sources import RawCaption, RawDataset, RawImage
     from prep.tokenize import lone_surrogate, normalize, strip_controls, tokenize, transliterate
     from prep.vocab import build_char_vocabulary, build_word_vocabulary, check_coverage
-except KeyboardInterrupt:
-    print("prep: interrupted", file=sys.stderr)
-    raise SystemExit(130) from None
 
 #: how many dropped captions / missing images are listed by name in the summary and ``prep.json``
 LIST_FIRST = 10

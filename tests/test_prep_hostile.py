@@ -257,18 +257,32 @@ def test_deep_dataset_json_is_a_user_error(tmp_path):
 
 
 _INTERRUPT_DURING_IMPORT = """
-import importlib, runpy, sys
+import importlib, importlib.util, runpy, sys
 trigger, how, prog = sys.argv[1:4]
+SET_NAME = (
+    "class Descriptor:\\n"
+    "    def __set_name__(self, owner, name):\\n"
+    "        raise KeyboardInterrupt\\n"  # Python 3.11 wraps it in a RuntimeError
+    "class Model:\\n"
+    "    field = Descriptor()\\n")
 
-class CtrlC:  # Ctrl-C at the moment the command first imports `trigger`
+class CtrlC:  # Ctrl-C at the moment the command first imports `trigger` (or runs a class body of it)
     def find_spec(self, name, path=None, target=None):
+        if name == trigger and how.endswith("set_name"):
+            return importlib.util.spec_from_loader(name, self)
         if name == trigger:
             raise KeyboardInterrupt
         return None
 
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        exec(SET_NAME, module.__dict__)
+
 sys.meta_path.insert(0, CtrlC())
 sys.argv = [prog, "--help"]
-if how == "module":  # python -m prog
+if how.startswith("module"):  # python -m prog
     runpy.run_module(prog, run_name="__main__", alter_sys=True)
 else:  # the console script: from prog.cli import main; sys.exit(main())
     sys.exit(importlib.import_module(prog + ".cli").main())
@@ -277,7 +291,8 @@ else:  # the console script: from prog.cli import main; sys.exit(main())
 
 @pytest.mark.parametrize("prog, trigger, how", [
     ("prep", "pydantic", "module"), ("prep", "pydantic", "script"), ("prep", "prep.sources", "script"),
-    ("features", "zarr", "module")])
+    ("prep", "pydantic", "script set_name"), ("features", "zarr", "module"),
+    ("features", "zarr", "module set_name")])
 def test_ctrl_c_while_loading_is_one_line(prog, trigger, how):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", _INTERRUPT_DURING_IMPORT, trigger, how, prog],
