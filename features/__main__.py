@@ -1,9 +1,6 @@
-import sys
+from prep import interrupted_while_loading
 
-try:
+with interrupted_while_loading("features"):  # Ctrl-C while Python loads the command
     from features.cli import main
-except KeyboardInterrupt:  # Ctrl-C while numpy, zarr and torch load (a second or more)
-    print("features: interrupted", file=sys.stderr)
-    raise SystemExit(130) from None
 
 raise SystemExit(main())

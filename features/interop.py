@@ -527,6 +527,8 @@ def _import_rows(out: str | os.PathLike, dataset: PreparedDataset, outputs: dict
     invalid rows are recorded as failures, earlier failures of ``replaced`` rows dropped.
     """
     out = Path(out)
+    # the shared output rules: not an input, not /, inside no prepared dataset, run or other store
+    check_output_folder(out, (), inputs=[*files, dataset.root], owner=out)
     images_sha = dataset.images_fingerprint()
     n = len(dataset.images)
     config = {"kind": "import", "images_sha256": images_sha, "n_rows": n, "outputs": outputs}

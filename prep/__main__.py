@@ -1,9 +1,6 @@
-import sys
+from prep import interrupted_while_loading
 
-try:
+with interrupted_while_loading("prep"):  # Ctrl-C while Python loads the command
     from prep.cli import main
-except KeyboardInterrupt:  # Ctrl-C while Python loads the command
-    print("prep: interrupted", file=sys.stderr)
-    raise SystemExit(130) from None
 
 raise SystemExit(main())

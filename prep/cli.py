@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import sys
 
+from prep import interrupted_while_loading
+
 # Ctrl-C while these modules load (a fifth of a second, mostly pydantic) ends like any other
 # interruption of prep: one line and status 130, for `python -m prep` and for the `prep` script alike.
-try:
+with interrupted_while_loading("prep"):
     import argparse
     import errno
     import os
@@ -52,9 +54,6 @@ try:
     from prep.sources import RawCaption, RawDataset, RawImage
     from prep.tokenize import lone_surrogate, normalize, strip_controls, tokenize, transliterate
     from prep.vocab import build_char_vocabulary, build_word_vocabulary, check_coverage
-except KeyboardInterrupt:
-    print("prep: interrupted", file=sys.stderr)
-    raise SystemExit(130) from None
 
 #: how many dropped captions / missing images are listed by name in the summary and ``prep.json``
 LIST_FIRST = 10
@@ -131,15 +130,16 @@ class _Cleaner:
         """
         if not isinstance(text, str):
             raise UserError(f"{where}: caption must be a string, got {type(text).__name__}")
-        at = lone_surrogate(text)
-        if at is not None:
-            raise UserError(f"{where}: caption holds a lone surrogate (U+{ord(text[at]):04X}) at character "
-                            f"{at}, which is not Unicode text; fix the source file")
-        text, removed = strip_controls(text)
-        if removed:
-            self.repaired["control_characters"] += 1
-            if len(self.repaired_first) < LIST_FIRST:
-                self.repaired_first.append(where)
+        if not text.isprintable():  # the rare caption with a control, a surrogate or a tab: look closer
+            at = lone_surrogate(text)
+            if at is not None:
+                raise UserError(f"{where}: caption holds a lone surrogate (U+{ord(text[at]):04X}) at "
+                                f"character {at}, which is not Unicode text; fix the source file")
+            text, removed = strip_controls(text)
+            if removed:
+                self.repaired["control_characters"] += 1
+                if len(self.repaired_first) < LIST_FIRST:
+                    self.repaired_first.append(where)
         text = normalize(text)
         if not text:
             self.dropped["empty_captions"] += 1
@@ -322,12 +322,12 @@ def find_missing_images(dataset: dict[str, Any], root: Path) -> list[str]:
     folders: dict[str, Path] = {}  # filepath -> its real folder (resolved once per folder)
     missing = []
     for im in progress(dataset["images"], desc="checking images", unit="img"):
-        folder = im.get("filepath") or ""
-        rel = f"{folder}/{im['filename']}" if folder else im["filename"]
+        rel = f"{im['filepath']}/{im['filename']}" if im.get("filepath") else im["filename"]
+        folder, name = os.path.split(rel)  # a file name may hold folders too
         if folder not in folders:
             folders[folder] = Path(os.path.realpath(root / folder))
             _check_inside(root / folder, folders[folder], real_root, rel)
-        path = folders[folder] / im["filename"]
+        path = folders[folder] / name
         try:
             mode = os.lstat(path).st_mode
         except OSError:

@@ -121,14 +121,16 @@ def deferred_interrupts() -> Iterator[DeferredInterrupts]:
     """While the block runs, SIGINT and SIGTERM only set a flag; call ``check()`` at safe points.
 
     The previous handlers come back when the block ends, and a signal noted but never checked is
-    raised then (when the block itself ended without an exception). Outside the main thread (where
-    handlers cannot be set) ``check()`` never raises and signals keep their usual effect.
+    raised then (when the block itself ended without an exception). A signal the process ignores
+    stays ignored; outside the main thread (where handlers cannot be set) ``check()`` never raises
+    and signals keep their usual effect.
     """
     state = DeferredInterrupts()
     previous: dict[int, Any] = {}
     try:
         for signum in (signal.SIGINT, signal.SIGTERM):
-            previous[signum] = signal.signal(signum, state._note)
+            if signal.getsignal(signum) != signal.SIG_IGN:  # e.g. nohup, a background job: stays ignored
+                previous[signum] = signal.signal(signum, state._note)
     except ValueError:  # not the main thread
         pass
     try:

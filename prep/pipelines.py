@@ -486,6 +486,12 @@ def load_pipelines(file: str | os.PathLike | None = None, expand: str | None = N
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UserError(f"{path}: no such pipelines file") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a folder, expected a pipelines YAML file") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except RecursionError:
+        raise UserError(f"{path}: YAML nested too deeply to read; not a pipelines file") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

@@ -251,6 +251,17 @@ def test_import_refuses_hostile_npy(work, capsys, case, make, words):
     assert _tree(work) == before
 
 
+@pytest.mark.parametrize("where, words", [
+    ("data/features.zarr", "input"), ("s.zarr/inner.zarr", "feature store"), ("/", "root")])
+def test_import_refuses_a_store_inside_an_artifact(work, capsys, where, words):
+    np.save(work / "t.npy", np.ones((N_TEST, 3), np.float32))
+    before = _tree(work)
+    out = where if where == "/" else str(work / where)
+    err = _one_line_error(["import", "--npy", str(work / "t.npy"), "--data", str(work / "data"),
+                           "--split", "test", "--out", out], capsys)
+    assert words in err and _tree(work) == before
+
+
 def test_hdf5_import_refuses_complex_features(work, capsys):
     h5file = work / "c.h5"
     with h5py.File(h5file, "w") as h5:
@@ -260,3 +271,19 @@ def test_hdf5_import_refuses_complex_features(work, capsys):
     err = _one_line_error(["import", "--format", "hdf5", "--h5", str(h5file), "--data", str(work / "data"),
                            "--out", str(work / "i.zarr")], capsys)
     assert "complex" in err and _tree(work) == before
+
+
+def test_deferred_interrupts_raise_at_check_and_restore_handlers():
+    from prep.errors import Terminated
+    from prep.io import deferred_interrupts
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt), deferred_interrupts() as interrupts:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+        reached = True  # noted, not raised: the writer goes on to its next check
+        interrupts.check()
+    assert reached and signal.getsignal(signal.SIGINT) is before
+    with pytest.raises(Terminated), deferred_interrupts():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)  # never checked: raised when the block ends

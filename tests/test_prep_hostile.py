@@ -56,6 +56,18 @@ def _surrogate(work: Path) -> list[str]:
     return ["karpathy", "--karpathy", str(_karpathy(work, images)), "--images", str(work / "images")]
 
 
+def _surrogate_in(key: str) -> Callable[[Path], list[str]]:
+    def make(work: Path) -> list[str]:
+        images = _images()
+        if key == "dataset":
+            path = _karpathy(work, json.dumps({"dataset": "x\udc80", "images": images}))
+        else:
+            images[0][key] = "a\ud800.jpg"
+            path = _karpathy(work, images)
+        return ["karpathy", "--karpathy", str(path), "--images", str(work / "images")]
+    return make
+
+
 def _deep_karpathy(work: Path) -> list[str]:
     return ["karpathy", "--karpathy", str(_karpathy(work, DEEP)), "--images", str(work / "images")]
 
@@ -82,6 +94,11 @@ def _deep_flat(work: Path) -> list[str]:
 def _deep_yj(work: Path) -> list[str]:
     (work / "yj.json").write_text(DEEP)
     return ["yjcaptions", "--yj", str(work / "yj.json"), "--coco-karpathy", str(_karpathy(work, _images()))]
+
+
+def _deep_pipelines(work: Path) -> list[str]:
+    (work / "pipelines.yaml").write_text(DEEP)
+    return ["synthetic", "--pipeline", "demo", "--pipelines", str(work / "pipelines.yaml")]
 
 
 def _duplicate(key: str) -> Callable[[Path], list[str]]:
@@ -148,14 +165,26 @@ def _symlinked_folder(work: Path) -> list[str]:
     return ["karpathy", "--karpathy", str(path), "--images", str(work / "root")]
 
 
+def _symlinked_folder_in_filename(work: Path) -> list[str]:
+    images = _images()
+    images[1]["filename"] = "linked/1.jpg"
+    path = _karpathy(work, images)
+    (work / "root").mkdir()
+    (work / "root" / "linked").symlink_to(work / "images")
+    return ["karpathy", "--karpathy", str(path), "--images", str(work / "root")]
+
+
 #: (case, build the inputs and return the arguments (``--out`` is added unless given), words of the message)
 HOSTILE = [
     ("lone surrogate in a caption", _surrogate, "lone surrogate"),
+    ("lone surrogate in a file name", _surrogate_in("filename"), "images[0].filename: holds a lone"),
+    ("lone surrogate in the dataset name", _surrogate_in("dataset"), "dataset: holds a lone surrogate"),
     ("100k-deep Karpathy JSON", _deep_karpathy, "nested too deeply"),
     ("100k-deep COCO caption file", _deep_annotations, "nested too deeply"),
     ("100k-deep split file", _deep_split_file, "nested too deeply"),
     ("100k-deep flat file", _deep_flat, "nested too deeply"),
     ("100k-deep YJ file", _deep_yj, "nested too deeply"),
+    ("100k-deep pipelines file", _deep_pipelines, "nested too deeply"),
     ("duplicate cocoid", _duplicate("cocoid"), "duplicate image cocoid 0"),
     ("duplicate imgid", _duplicate("imgid"), "duplicate image imgid 0"),
     ("duplicate cocoid of a restval image", _duplicate_restval_cocoid, "duplicate image cocoid 1"),
@@ -169,6 +198,7 @@ HOSTILE = [
     ("--out inside a feature store", _inside_artifact("store"), "lies inside the feature store"),
     ("image symlink leaving --images", _symlinked_image, "outside the images folder"),
     ("folder symlink leaving --images", _symlinked_folder, "outside the images folder"),
+    ("folder symlink in a file name", _symlinked_folder_in_filename, "outside the images folder"),
 ]
 
 
@@ -227,18 +257,32 @@ def test_deep_dataset_json_is_a_user_error(tmp_path):
 
 
 _INTERRUPT_DURING_IMPORT = """
-import importlib, runpy, sys
+import importlib, importlib.util, runpy, sys
 trigger, how, prog = sys.argv[1:4]
+SET_NAME = (
+    "class Descriptor:\\n"
+    "    def __set_name__(self, owner, name):\\n"
+    "        raise KeyboardInterrupt\\n"  # Python 3.11 wraps it in a RuntimeError
+    "class Model:\\n"
+    "    field = Descriptor()\\n")
 
-class CtrlC:  # Ctrl-C at the moment the command first imports `trigger`
+class CtrlC:  # Ctrl-C at the moment the command first imports `trigger` (or runs a class body of it)
     def find_spec(self, name, path=None, target=None):
+        if name == trigger and how.endswith("set_name"):
+            return importlib.util.spec_from_loader(name, self)
         if name == trigger:
             raise KeyboardInterrupt
         return None
 
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        exec(SET_NAME, module.__dict__)
+
 sys.meta_path.insert(0, CtrlC())
 sys.argv = [prog, "--help"]
-if how == "module":  # python -m prog
+if how.startswith("module"):  # python -m prog
     runpy.run_module(prog, run_name="__main__", alter_sys=True)
 else:  # the console script: from prog.cli import main; sys.exit(main())
     sys.exit(importlib.import_module(prog + ".cli").main())
@@ -247,7 +291,8 @@ else:  # the console script: from prog.cli import main; sys.exit(main())
 
 @pytest.mark.parametrize("prog, trigger, how", [
     ("prep", "pydantic", "module"), ("prep", "pydantic", "script"), ("prep", "prep.sources", "script"),
-    ("features", "zarr", "module")])
+    ("prep", "pydantic", "script set_name"), ("features", "zarr", "module"),
+    ("features", "zarr", "module set_name")])
 def test_ctrl_c_while_loading_is_one_line(prog, trigger, how):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", _INTERRUPT_DURING_IMPORT, trigger, how, prog],

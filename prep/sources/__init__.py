@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from prep.errors import UserError
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+#: the JSON escape of a surrogate code point (``\ud83d`` ...); a file without one decodes to none
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 @dataclass
@@ -72,7 +77,8 @@ def read_json(path: str | os.PathLike) -> Any:
     path = Path(path)
     try:
         with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
+            text = fh.read()
+        data = json.loads(text)
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
     except IsADirectoryError:
@@ -84,6 +90,30 @@ def read_json(path: str | os.PathLike) -> Any:
     except RecursionError:
         raise UserError(f"{path}: JSON nested too deeply to read (thousands of levels of lists or "
                         "objects); not an annotation file") from None
+    if "\\" in text and _SURROGATE_ESCAPE.search(text):  # a pair (an emoji) or a lone one: look closer
+        _check_no_lone_surrogate(data, path)
+    return data
+
+
+def _check_no_lone_surrogate(data: Any, path: Path) -> None:
+    """A one-line :class:`UserError` naming the first string of ``data`` (a key or a value) holding a
+    lone surrogate (JSON ``"\\ud800"``): not Unicode text, it cannot be tokenized, written as UTF-8 or
+    used in a file name."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, dict):
+            for key, value in item.items():
+                if _SURROGATE.search(key):
+                    raise UserError(f"{path}: {where or 'top level'}: key {key!r} holds a lone surrogate, "
+                                    "which is not Unicode text; fix the file")
+                stack.append((f"{where}.{key}" if where else key, value))
+        elif isinstance(item, list):
+            stack.extend((f"{where}[{k}]", value) for k, value in reversed(list(enumerate(item))))
+        elif isinstance(item, str) and _SURROGATE.search(item):
+            at = _SURROGATE.search(item).start()
+            raise UserError(f"{path}: {where}: holds a lone surrogate (U+{ord(item[at]):04X}) at character "
+                            f"{at}, which is not Unicode text; fix the file")
 
 
 def read_text(path: str | os.PathLike) -> str:

@@ -12,13 +12,14 @@ From the official caption files (``captions_train2014.json`` ...), the split com
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 from typing import Any
 
 from prep.errors import UserError
+from prep.io import write_json_atomic
+from prep.outputs import check_output_file
 from prep.sources import (
     RawCaption,
     RawDataset,
@@ -246,6 +247,7 @@ def karpathy_from_flat(train: str | os.PathLike, val: str | os.PathLike, out: st
                                      "imgid": img["imgid"], "sentid": sentid})
             sentid += 1
     data = {"dataset": "coco", "images": images}
-    if out is not None:
-        Path(out).write_text(json.dumps(data), encoding="utf-8")
+    if out is not None:  # a file the caller names: never one of the inputs, nor inside a toolkit artifact
+        check_output_file(out, inputs=[train, val], overwrite=True, option="out")
+        write_json_atomic(out, data, indent=None)
     return data
