@@ -184,11 +184,11 @@ def test_reader_refuses_rows_that_disagree_with_their_records(cnn_store, tmp_pat
 
 
 # -- issue 22 item 6: readers see a half-rewritten store ------------------------------------------------
-def synthetic_fne_store(path: Path, rows: int = 96, width: int = 24, seed: int = 0) -> Path:
-    """A finished FNE store of random activations in blocks of 2 rows (48 chunk files per array)."""
+def synthetic_fne_store(path: Path, rows: int = 96, width: int = 24, seed: int = 0, block: int = 2) -> Path:
+    """A finished FNE store of random activations in blocks of ``block`` rows (48 chunk files per array)."""
     from features.extract import finish_fne
 
-    store = FeatureStore.create(path, np.arange(rows), {"fne/raw": width}, 2, {"cnn": "random"},
+    store = FeatureStore.create(path, np.arange(rows), {"fne/raw": width}, block, {"cnn": "random"},
                                 {"network": "random"}, overwrite=path.exists())
     raw = np.random.default_rng(seed).normal(size=(rows, width)).astype(np.float32)
     for b in range(store.n_blocks):
@@ -254,18 +254,18 @@ def test_reader_racing_rethreshold_sees_one_version_or_is_told(tmp_path):
 
 
 def test_reader_racing_overwrite_sees_one_version_or_is_told(tmp_path):
-    path = synthetic_fne_store(tmp_path / "f.zarr", seed=0)
+    path = synthetic_fne_store(tmp_path / "f.zarr", seed=0, block=8)
     versions = [FeatureStore(path).array("fne/raw")[:]]
-    versions.append(FeatureStore(synthetic_fne_store(tmp_path / "g.zarr", seed=1)).array("fne/raw")[:])
+    versions.append(FeatureStore(synthetic_fne_store(tmp_path / "g.zarr", seed=1, block=8)).array("fne/raw")[:])
     turn = iter(range(10**9))
 
     def writer():
         from prep.io import exclusive_lock
 
         with exclusive_lock(path, "the feature store"):
-            synthetic_fne_store(path, seed=next(turn) % 2 or 1)
+            synthetic_fne_store(path, seed=next(turn) % 2, block=8)
 
-    results, refused = race(lambda: read_matrix(f"{path}:fne_raw"), writer)
+    results, refused = race(lambda: read_matrix(f"{path}:fne_raw"), writer, seconds=6.0, pause=0.6)
     bad = [x for x, valid in results if not valid.all() or not any(np.array_equal(x, v) for v in versions)]
     assert not bad, f"{len(bad)} of {len(results)} reads returned rows of no complete version"
     assert refused and results, (len(refused), len(results))
