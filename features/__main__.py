@@ -1,3 +1,3 @@
-from features.cli import main
+from features.entry import main
 
 raise SystemExit(main())

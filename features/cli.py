@@ -12,6 +12,8 @@ Settings merge as everywhere: explicit options > ``--pipeline`` > the schema def
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import math
 import os
@@ -23,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from features.entry import exit_status, install_signal_handlers
 from features.executors import cached_mapper, check_scheduler, open_executor
 from features.extract import ExtractSummary, Mapper, extract, finish_fne, write_ternary
 from features.images import check_sizes
@@ -218,6 +221,8 @@ def run_features(settings: FeaturesSection, overwrite: bool = False, rethreshold
 def _extract_locked(settings: FeaturesSection, dataset: PreparedDataset, out: Path, overwrite: bool,
                     progress: bool, retry_failed: bool = False) -> ExtractSummary:
     """The body of :func:`run_features`, run while holding the store's lock."""
+    if out.is_dir() and not overwrite:
+        probe_writable(out)
     dataset_sha = sha256_file(dataset.root / DATASET_FILE)
     images_sha = dataset.images_fingerprint()
     paths = [str(p) for p in dataset.image_paths()]
@@ -244,16 +249,63 @@ def _extract_locked(settings: FeaturesSection, dataset: PreparedDataset, out: Pa
     if resuming:
         _recompute_damaged(store)
         _retry_failures(store, retry_failed)
-    with open_executor(settings.scheduler, settings.workers) as executor:
-        summary = extract(store, paths, factory, executor, settings.on_error, progress,
-                          resize=_mapper_resize(settings, mapper))
-    if settings.kind == "fne":
-        train = np.array([im.split == "train" for im in dataset.images], dtype=bool)
-        finish_fne(store, train, settings.threshold_low, settings.threshold_high)
+    try:
+        with open_executor(settings.scheduler, settings.workers) as executor:
+            summary = extract(store, paths, factory, executor, settings.on_error, progress,
+                              resize=_mapper_resize(settings, mapper))
+        if settings.kind == "fne":
+            train = np.array([im.split == "train" for im in dataset.images], dtype=bool)
+            finish_fne(store, train, settings.threshold_low, settings.threshold_high)
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: say what is kept
+        exc.args = (f"interrupted: {_kept(store)}, re-run the same command to resume",)
+        raise
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        raise UserError(f"{out}: cannot write the feature store ({exc.strerror or exc}); {_kept(store)}: "
+                        f"{WRITE_ERRNOS[exc.errno]} and re-run the same command to resume") from None
     store.set_attrs(failures=summary.failures, complete=True,
                     summary={"rows_written": summary.rows_written, "rows_skipped": summary.rows_skipped,
                              "failed": len(summary.failures), "seconds": round(summary.seconds, 3)})
     return summary
+
+
+#: write errors a run reports in one line with what it kept, and what to do about each
+WRITE_ERRNOS = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space (disk quota)",
+                errno.EROFS: "make it writable (or use another --out)",
+                errno.EACCES: "make it writable (or use another --out)",
+                errno.EPERM: "make it writable (or use another --out)"}
+
+
+def _kept(store: FeatureStore) -> str:
+    """``"N of M blocks kept"`` (the finished blocks a re-run skips)."""
+    try:
+        return f"{int(store.blocks_done().sum())} of {store.n_blocks} blocks kept"
+    except (UserError, OSError):
+        return "finished blocks kept"
+
+
+def probe_writable(path: Path) -> None:
+    """A one-line UserError, before the model is loaded or any block computed, unless files can be
+    created in the existing store ``path`` (a new store is created in its parent, where the lock file
+    was just created: that proves the parent writable).
+
+    Creates and removes one small file in the store's folder.
+    """
+    probe = path / f".write-probe-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        try:
+            os.write(fd, b"probe")
+        finally:
+            os.close(fd)
+        probe.unlink()
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+        fix = WRITE_ERRNOS.get(exc.errno or 0, "make it writable (or use another --out)")
+        raise UserError(f"{path}: the feature store is not writable ({exc.strerror or exc}); nothing was "
+                        f"computed or changed: {fix} and run again") from None
 
 
 def _mapper_resize(settings: FeaturesSection, mapper: Mapper) -> int | None:
@@ -322,6 +374,7 @@ def rethreshold_store(path: Path, low: float, high: float) -> Path:
     check_threshold_options(low, high)
     FeatureStore(path)  # a clear error for a path that is not a store, before creating a lock file
     with exclusive_lock(path, "the feature store"):
+        probe_writable(path)
         store = FeatureStore(path, mode="r+")
         store.recover()
         store.require_complete()
@@ -545,6 +598,14 @@ def _kind(path: Path) -> str:
 
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (features.entry): one line, 130 or 143
+        print(f"{PROG}: {exc.args[0] if exc.args else 'interrupted'}", file=sys.stderr)
+        return exit_status(exc)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command in ("cnn", "fne", "regions"):
         settings = stage_settings("features", args, kind=args.command)
         if args.command == "regions" and args.fixed_boxes is None and (
@@ -613,5 +674,6 @@ def _some(ids: list[int], shown: int = 5) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``features`` / ``python -m features``."""
+    """Entry point of ``features`` / ``python -m features`` (through :mod:`features.entry`)."""
+    install_signal_handlers()
     return run_cli(_main, argv, PROG)

@@ -256,7 +256,8 @@ def test_reader_racing_rethreshold_sees_one_version_or_is_told(tmp_path):
 def test_reader_racing_overwrite_sees_one_version_or_is_told(tmp_path):
     path = synthetic_fne_store(tmp_path / "f.zarr", seed=0, block=8)
     versions = [FeatureStore(path).array("fne/raw")[:]]
-    versions.append(FeatureStore(synthetic_fne_store(tmp_path / "g.zarr", seed=1, block=8)).array("fne/raw")[:])
+    other = synthetic_fne_store(tmp_path / "g.zarr", seed=1, block=8)
+    versions.append(FeatureStore(other).array("fne/raw")[:])
     turn = iter(range(10**9))
 
     def writer():
@@ -344,3 +345,102 @@ def test_many_transient_failures_in_a_row_stop_a_block(tmp_path):
     check_images_available(records[::2])  # not in a row
     with pytest.raises(ImagesUnavailable, match=f"{MAX_TRANSIENT_IN_A_ROW} images in a row failed"):
         check_images_available(records)
+
+
+# -- issue 22 item 7: SIGTERM, Ctrl-C during imports ----------------------------------------------------
+@pytest.mark.parametrize("sig,status", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_signal_mid_extraction_says_what_is_kept(data, tmp_path, sig, status):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "s.zarr"
+    cmd = [sys.executable, "-m", "features", "cnn", "--data", str(data), "--out", str(out), *BASE,
+           "--block-size", "1"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    flags = out / "blocks_done" / "c"
+    deadline = time.monotonic() + 120
+    while not (flags.is_dir() and any(flags.iterdir())):
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    proc.send_signal(getattr(signal, sig))
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == status, err
+    assert "Traceback" not in err
+    kept = int(FeatureStore(out).blocks_done().sum())
+    assert err.strip().splitlines()[-1] == (f"features: interrupted: {kept} of 8 blocks kept, re-run the "
+                                            "same command to resume")
+    assert cnn(data, out, "--block-size", "1") == 0  # and the re-run resumes
+
+
+@pytest.mark.parametrize("how,status", [("raise KeyboardInterrupt", 130),
+                                        ("os.kill(os.getpid(), signal.SIGTERM)", 143)])
+def test_interrupt_while_importing_is_one_line(how, status):
+    import os
+    import subprocess
+    import sys
+
+    code = ("import builtins, os, signal, sys\n"
+            "real = builtins.__import__\n"
+            "def slow(name, *a, **k):\n"
+            "    if name == 'features.cli':\n"
+            f"        {how}\n"
+            "    return real(name, *a, **k)\n"
+            "builtins.__import__ = slow\n"
+            "from features.entry import main\n"
+            "sys.exit(main(['cnn', '--help']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    assert proc.returncode == status, proc.stderr
+    assert proc.stderr.strip() == "features: interrupted (while starting; nothing was written)"
+
+
+# -- issue 22 item 2: read-only stores, full disks ------------------------------------------------------
+def test_read_only_store_is_said_before_any_block(data, tmp_path, monkeypatch, capsys):
+    import errno
+    import os
+
+    out = tmp_path / "s.zarr"
+    assert cnn(data, out, "--block-size", "4") == 0
+    FeatureStore(out, mode="r+").clear_blocks([1])
+    capsys.readouterr()
+    real_open = os.open
+
+    def read_only(path, *args, **kwargs):
+        if ".write-probe" in str(path):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
+    monkeypatch.setattr("features.cli.cached_mapper", lambda f: pytest.fail("the model was loaded"))
+    assert cnn(data, out, "--block-size", "4") == 2
+    err = one_line_error(capsys)
+    assert "the feature store is not writable (Read-only file system); nothing was computed" in err
+    assert FeatureStore(out).blocks_done().tolist() == [True, False]
+
+
+def test_full_disk_mid_run_says_what_is_kept(data, tmp_path, monkeypatch, capsys):
+    import errno
+    import os
+
+    out = tmp_path / "s.zarr"
+    real_write = FeatureStore.write_block
+
+    def full(self, block, *args, **kwargs):
+        if block == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(self, block, *args, **kwargs)
+
+    monkeypatch.setattr(FeatureStore, "write_block", full)
+    assert cnn(data, out) == 2
+    err = one_line_error(capsys)
+    assert "cannot write the feature store (No space left on device); 2 of 4 blocks kept" in err
+    assert "free some space and re-run the same command to resume" in err
+    monkeypatch.undo()
+    assert cnn(data, out) == 0
+    assert "wrote 4 rows, skipped 4 already done" in capsys.readouterr().out
