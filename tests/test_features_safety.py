@@ -444,3 +444,32 @@ def test_full_disk_mid_run_says_what_is_kept(data, tmp_path, monkeypatch, capsys
     monkeypatch.undo()
     assert cnn(data, out) == 0
     assert "wrote 4 rows, skipped 4 already done" in capsys.readouterr().out
+
+
+def test_ctrl_c_of_a_local_dask_run_is_one_line(data, tmp_path):
+    """Ctrl-C reaches the whole process group (driver, nannies, workers): one line, no worker traceback,
+    no distributed warnings, and the workers are stopped without their 4 s grace period."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pytest.importorskip("distributed")
+    out = tmp_path / "s.zarr"
+    cmd = [sys.executable, "-m", "features", "cnn", "--data", str(data), "--out", str(out), *BASE,
+           "--block-size", "1", "--scheduler", "local", "--workers", "1", "--threads", "1"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    flags = out / "blocks_done" / "c"
+    deadline = time.monotonic() + 180
+    while not (flags.is_dir() and any(flags.iterdir())):
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGINT)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("features: interrupted: "), err
