@@ -470,3 +470,29 @@ def test_ctrl_c_of_a_local_dask_run_is_one_line(data, tmp_path):
     assert proc.returncode == 130, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("features: interrupted: "), err
+
+
+def test_verify_refuses_a_store_rewritten_while_it_verified(fne_store, monkeypatch):
+    from features import verify
+
+    real = verify._check_store
+
+    def rewritten_meanwhile(store, data):
+        report = real(store, data)
+        FeatureStore(fne_store, mode="r+").set_attrs(note="a writer came by")
+        return report
+
+    monkeypatch.setattr(verify, "_check_store", rewritten_meanwhile)
+    with pytest.raises(UserError, match="rewritten while it was being verified"):
+        verify.verify_store(fne_store)
+
+
+def test_vanished_images_folder_stops_a_dask_run_too(coco_sample, tmp_path, capsys):
+    pytest.importorskip("distributed")
+    data, folder = two_folder_dataset(coco_sample, tmp_path)
+    out = tmp_path / "s.zarr"
+    folder.rename(tmp_path / "elsewhere")
+    assert cnn(data, out, "--scheduler", "local", "--workers", "1", "--threads", "1") == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "the images folder looks unavailable" in err and "blocks kept" in err
+    assert not FeatureStore(out).block_failures()
