@@ -27,10 +27,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from features.cli import probe_writable  # noqa: E402
 from features.extract import check_images_available  # noqa: E402
 from features.images import check_work, load_image  # noqa: E402
-from features.store import FeatureStore, check_row_records, read_matrix  # noqa: E402
+from features.store import (  # noqa: E402
+    FeatureStore,
+    check_row_records,
+    probe_writable,  # noqa: E402
+    read_matrix,
+)
 
 
 def best(fn, repeat: int) -> float:

@@ -12,8 +12,6 @@ Settings merge as everywhere: explicit options > ``--pipeline`` > the schema def
 from __future__ import annotations
 
 import argparse
-import contextlib
-import errno
 import json
 import math
 import os
@@ -27,9 +25,9 @@ import numpy as np
 
 from features.entry import exit_status, install_signal_handlers
 from features.executors import cached_mapper, check_scheduler, open_executor
-from features.extract import ExtractSummary, Mapper, extract, finish_fne, write_ternary
+from features.extract import ExtractSummary, Mapper, extract, finish_fne, retry_failures, write_ternary
 from features.images import check_sizes
-from features.store import FeatureStore
+from features.store import WRITE_ERRNOS, FeatureStore, blocks_kept, probe_writable
 from prep.dataset import DATASET_FILE, PreparedDataset
 from prep.errors import DEVICE_HELP, UserError, add_common_options, run_cli
 from prep.io import exclusive_lock, sha256_file
@@ -257,55 +255,18 @@ def _extract_locked(settings: FeaturesSection, dataset: PreparedDataset, out: Pa
             train = np.array([im.split == "train" for im in dataset.images], dtype=bool)
             finish_fne(store, train, settings.threshold_low, settings.threshold_high)
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: say what is kept
-        exc.args = (f"interrupted: {_kept(store)}, re-run the same command to resume",)
+        exc.args = (f"interrupted: {blocks_kept(store)}, re-run the same command to resume",)
         raise
     except OSError as exc:
         if exc.errno not in WRITE_ERRNOS:
             raise
-        raise UserError(f"{out}: cannot write the feature store ({exc.strerror or exc}); {_kept(store)}: "
-                        f"{WRITE_ERRNOS[exc.errno]} and re-run the same command to resume") from None
+        raise UserError(f"{out}: cannot write the feature store ({exc.strerror or exc}); "
+                        f"{blocks_kept(store)}: {WRITE_ERRNOS[exc.errno]} and re-run the same command to "
+                        "resume") from None
     store.set_attrs(failures=summary.failures, complete=True,
                     summary={"rows_written": summary.rows_written, "rows_skipped": summary.rows_skipped,
                              "failed": len(summary.failures), "seconds": round(summary.seconds, 3)})
     return summary
-
-
-#: write errors a run reports in one line with what it kept, and what to do about each
-WRITE_ERRNOS = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space (disk quota)",
-                errno.EROFS: "make it writable (or use another --out)",
-                errno.EACCES: "make it writable (or use another --out)",
-                errno.EPERM: "make it writable (or use another --out)"}
-
-
-def _kept(store: FeatureStore) -> str:
-    """``"N of M blocks kept"`` (the finished blocks a re-run skips)."""
-    try:
-        return f"{int(store.blocks_done().sum())} of {store.n_blocks} blocks kept"
-    except (UserError, OSError):
-        return "finished blocks kept"
-
-
-def probe_writable(path: Path) -> None:
-    """A one-line UserError, before the model is loaded or any block computed, unless files can be
-    created in the existing store ``path`` (a new store is created in its parent, where the lock file
-    was just created: that proves the parent writable).
-
-    Creates and removes one small file in the store's folder.
-    """
-    probe = path / f".write-probe-{os.getpid()}"
-    try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        try:
-            os.write(fd, b"probe")
-        finally:
-            os.close(fd)
-        probe.unlink()
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            probe.unlink()
-        fix = WRITE_ERRNOS.get(exc.errno or 0, "make it writable (or use another --out)")
-        raise UserError(f"{path}: the feature store is not writable ({exc.strerror or exc}); nothing was "
-                        f"computed or changed: {fix} and run again") from None
 
 
 def _mapper_resize(settings: FeaturesSection, mapper: Mapper) -> int | None:
@@ -332,19 +293,14 @@ def _recompute_damaged(store: FeatureStore) -> None:
 
 
 def _retry_failures(store: FeatureStore, everything: bool = False) -> None:
-    """Clear the flags of finished blocks holding failures that may be transient (all failures with
-    ``everything``), so that this run computes those blocks again."""
-    from features.images import is_transient
-
-    failures = [f for f in store.block_failures() if everything or is_transient(f["reason"])]
-    blocks = sorted({int(f["imgid"]) // store.block_size for f in failures} & set(
-        int(b) for b in np.flatnonzero(store.blocks_done())))
+    """Recompute the finished blocks holding failures that may be transient (every failure with
+    ``everything``; :func:`features.extract.retry_failures`), saying so on stderr."""
+    images, blocks = retry_failures(store, everything)
     if blocks:
         what = ("recorded failures" if everything
                 else "failures that may be transient (missing file, I/O error, truncated file)")
-        print(f"features: retrying {len(failures)} image(s) with {what}: recomputing {len(blocks)} block(s)",
+        print(f"features: retrying {images} image(s) with {what}: recomputing {blocks} block(s)",
               file=sys.stderr)
-        store.clear_blocks(blocks)
 
 
 def _check_thresholds(settings: FeaturesSection) -> None:

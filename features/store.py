@@ -32,6 +32,7 @@ Reads go through :class:`StoreArray`: a damaged chunk (truncated, corrupt) becom
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import math
@@ -576,6 +577,44 @@ def remove_store(path: str | os.PathLike) -> None:
     if path.exists():
         _check_replaceable(path)
         shutil.rmtree(path)
+
+
+#: write errors a run reports in one line with what it kept, and what to do about each
+WRITE_ERRNOS = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space (disk quota)",
+                errno.EROFS: "make it writable (or use another --out)",
+                errno.EACCES: "make it writable (or use another --out)",
+                errno.EPERM: "make it writable (or use another --out)"}
+
+
+def blocks_kept(store: FeatureStore) -> str:
+    """``"N of M blocks kept"`` (the finished blocks a re-run skips)."""
+    try:
+        return f"{int(store.blocks_done().sum())} of {store.n_blocks} blocks kept"
+    except (UserError, OSError):
+        return "finished blocks kept"
+
+
+def probe_writable(path: Path) -> None:
+    """A one-line UserError, before the model is loaded or any block computed, unless files can be
+    created in the existing store ``path`` (a new store is created in its parent, where the lock file
+    was just created: that proves the parent writable).
+
+    Creates and removes one small file in the store's folder.
+    """
+    probe = path / f".write-probe-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        try:
+            os.write(fd, b"probe")
+        finally:
+            os.close(fd)
+        probe.unlink()
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+        fix = WRITE_ERRNOS.get(exc.errno or 0, "make it writable (or use another --out)")
+        raise UserError(f"{path}: the feature store is not writable ({exc.strerror or exc}); nothing was "
+                        f"computed or changed: {fix} and run again") from None
 
 
 #: the per-row arrays of a region store (``features regions``, ``features import --format
