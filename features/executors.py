@@ -126,8 +126,8 @@ def _quiet_children() -> Iterator[None]:
 
 
 def _kill_local_workers(cluster: Any) -> None:
-    """SIGKILL the worker processes of a local cluster (after Ctrl-C: their blocks are discarded, and a
-    graceful stop waits for the running block, then 4 s more)."""
+    """SIGKILL the worker processes of a local cluster (after the run, or after Ctrl-C: blocks not yet
+    flagged are discarded anyway, and a graceful stop waits for the running block, then 4 s more)."""
     import os
     import signal
 
@@ -181,19 +181,14 @@ def open_executor(scheduler: str = "none", workers: int = 2) -> Iterator[InProce
         with _quiet_children():
             cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                    dashboard_address=None)
-        interrupted = False
         try:
             with Client(cluster) as client:
                 yield DaskExecutor(client)
-        except KeyboardInterrupt:
-            interrupted = True
-            raise
         finally:
-            if interrupted:  # stop the workers at once and without the warnings of a forced close
-                with _quiet_logs():
-                    _kill_local_workers(cluster)
-                    cluster.close()
-            else:
+            # Every result is in (or the run was interrupted): the workers hold nothing to keep, and a
+            # graceful stop waits for a running block and then 4 s more before killing them anyway.
+            with _quiet_logs():
+                _kill_local_workers(cluster)
                 cluster.close()
         return
     try:

@@ -27,6 +27,13 @@ list and splits), the provenance and the failures.
 
 Reads go through :class:`StoreArray`: a damaged chunk (truncated, corrupt) becomes a one-line
 :class:`UserError` naming the array, the rows and the chunk file, and suggesting ``features verify``.
+
+Every attribute update also writes a new random ``generation`` token, and an in-place rewrite (the
+ternary swap, the statistics) sets a ``rewriting`` marker first and clears it last; a writer that opens
+a complete store marks it incomplete until it finishes. :func:`read_matrix` and :func:`read_regions`
+compare the token before and after reading, refuse a store a live writer is writing, and check the
+rows against their records (:func:`check_row_records`): a reader gets one consistent version or a
+one-line error (``docs/safety.md``, "Feature stores").
 """
 
 from __future__ import annotations
