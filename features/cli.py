@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from features.entry import exit_status, install_signal_handlers
+from features.entry import exit_status, signal_handlers
 from features.executors import cached_mapper, check_scheduler, open_executor
 from features.extract import ExtractSummary, Mapper, extract, finish_fne, retry_failures, write_ternary
 from features.images import check_sizes
@@ -631,5 +631,5 @@ def _some(ids: list[int], shown: int = 5) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``features`` / ``python -m features`` (through :mod:`features.entry`)."""
-    install_signal_handlers()
-    return run_cli(_main, argv, PROG)
+    with signal_handlers():
+        return run_cli(_main, argv, PROG)

@@ -9,10 +9,11 @@ resume" during an extraction, and exits 130 (``SIGINT``) or 143 (``SIGTERM``).
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import FrameType
 
 #: exit status of a command ended by SIGINT / SIGTERM (128 + the signal number, as a shell reports it)
@@ -27,13 +28,20 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Terminated()
 
 
-def install_signal_handlers() -> None:
-    """Make ``SIGTERM`` raise :class:`Terminated` (main thread only; other threads cannot set handlers).
-
-    ``SIGINT`` keeps Python's own handler, which raises :class:`KeyboardInterrupt`.
+@contextlib.contextmanager
+def signal_handlers() -> Iterator[None]:
+    """While the body runs, ``SIGTERM`` raises :class:`Terminated` (main thread only: other threads
+    cannot set handlers); the previous handler is restored after, so a caller such as a test runner
+    keeps its own. ``SIGINT`` keeps Python's own handler, which raises :class:`KeyboardInterrupt`.
     """
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _on_sigterm)
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def exit_status(exc: KeyboardInterrupt) -> int:
@@ -43,10 +51,10 @@ def exit_status(exc: KeyboardInterrupt) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``features`` command and of ``python -m features``."""
-    install_signal_handlers()
-    try:
-        from features.cli import main as cli_main
-    except KeyboardInterrupt as exc:
-        print("features: interrupted (while starting; nothing was written)", file=sys.stderr)
-        return exit_status(exc)
-    return cli_main(argv)
+    with signal_handlers():
+        try:
+            from features.cli import main as cli_main
+        except KeyboardInterrupt as exc:
+            print("features: interrupted (while starting; nothing was written)", file=sys.stderr)
+            return exit_status(exc)
+        return cli_main(argv)
