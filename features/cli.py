@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from features.entry import exit_status, signal_handlers
 from features.executors import cached_mapper, check_scheduler, open_executor
-from features.extract import ExtractSummary, Mapper, extract, finish_fne, write_ternary
+from features.extract import ExtractSummary, Mapper, extract, finish_fne, retry_failures, write_ternary
 from features.images import check_sizes
-from features.store import FeatureStore
+from features.store import WRITE_ERRNOS, FeatureStore, blocks_kept, probe_writable
 from prep.dataset import DATASET_FILE, PreparedDataset
 from prep.errors import DEVICE_HELP, UserError, add_common_options, run_cli
 from prep.io import exclusive_lock, sha256_file
@@ -218,6 +219,8 @@ def run_features(settings: FeaturesSection, overwrite: bool = False, rethreshold
 def _extract_locked(settings: FeaturesSection, dataset: PreparedDataset, out: Path, overwrite: bool,
                     progress: bool, retry_failed: bool = False) -> ExtractSummary:
     """The body of :func:`run_features`, run while holding the store's lock."""
+    if out.is_dir() and not overwrite:
+        probe_writable(out)
     dataset_sha = sha256_file(dataset.root / DATASET_FILE)
     images_sha = dataset.images_fingerprint()
     paths = [str(p) for p in dataset.image_paths()]
@@ -244,12 +247,22 @@ def _extract_locked(settings: FeaturesSection, dataset: PreparedDataset, out: Pa
     if resuming:
         _recompute_damaged(store)
         _retry_failures(store, retry_failed)
-    with open_executor(settings.scheduler, settings.workers) as executor:
-        summary = extract(store, paths, factory, executor, settings.on_error, progress,
-                          resize=_mapper_resize(settings, mapper))
-    if settings.kind == "fne":
-        train = np.array([im.split == "train" for im in dataset.images], dtype=bool)
-        finish_fne(store, train, settings.threshold_low, settings.threshold_high)
+    try:
+        with open_executor(settings.scheduler, settings.workers) as executor:
+            summary = extract(store, paths, factory, executor, settings.on_error, progress,
+                              resize=_mapper_resize(settings, mapper))
+        if settings.kind == "fne":
+            train = np.array([im.split == "train" for im in dataset.images], dtype=bool)
+            finish_fne(store, train, settings.threshold_low, settings.threshold_high)
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: say what is kept
+        exc.args = (f"interrupted: {blocks_kept(store)}, re-run the same command to resume",)
+        raise
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        raise UserError(f"{out}: cannot write the feature store ({exc.strerror or exc}); "
+                        f"{blocks_kept(store)}: {WRITE_ERRNOS[exc.errno]} and re-run the same command to "
+                        "resume") from None
     store.set_attrs(failures=summary.failures, complete=True,
                     summary={"rows_written": summary.rows_written, "rows_skipped": summary.rows_skipped,
                              "failed": len(summary.failures), "seconds": round(summary.seconds, 3)})
@@ -280,19 +293,14 @@ def _recompute_damaged(store: FeatureStore) -> None:
 
 
 def _retry_failures(store: FeatureStore, everything: bool = False) -> None:
-    """Clear the flags of finished blocks holding failures that may be transient (all failures with
-    ``everything``), so that this run computes those blocks again."""
-    from features.images import is_transient
-
-    failures = [f for f in store.block_failures() if everything or is_transient(f["reason"])]
-    blocks = sorted({int(f["imgid"]) // store.block_size for f in failures} & set(
-        int(b) for b in np.flatnonzero(store.blocks_done())))
+    """Recompute the finished blocks holding failures that may be transient (every failure with
+    ``everything``; :func:`features.extract.retry_failures`), saying so on stderr."""
+    images, blocks = retry_failures(store, everything)
     if blocks:
         what = ("recorded failures" if everything
                 else "failures that may be transient (missing file, I/O error, truncated file)")
-        print(f"features: retrying {len(failures)} image(s) with {what}: recomputing {len(blocks)} block(s)",
+        print(f"features: retrying {images} image(s) with {what}: recomputing {blocks} block(s)",
               file=sys.stderr)
-        store.clear_blocks(blocks)
 
 
 def _check_thresholds(settings: FeaturesSection) -> None:
@@ -322,6 +330,7 @@ def rethreshold_store(path: Path, low: float, high: float) -> Path:
     check_threshold_options(low, high)
     FeatureStore(path)  # a clear error for a path that is not a store, before creating a lock file
     with exclusive_lock(path, "the feature store"):
+        probe_writable(path)
         store = FeatureStore(path, mode="r+")
         store.recover()
         store.require_complete()
@@ -548,6 +557,14 @@ def _kind(path: Path) -> str:
 
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (features.entry): one line, 130 or 143
+        print(f"{PROG}: {exc.args[0] if exc.args else 'interrupted'}", file=sys.stderr)
+        return exit_status(exc)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command in ("cnn", "fne", "regions"):
         settings = stage_settings("features", args, kind=args.command)
         if args.command == "regions" and args.fixed_boxes is None and (
@@ -616,5 +633,6 @@ def _some(ids: list[int], shown: int = 5) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``features`` / ``python -m features``."""
-    return run_cli(_main, argv, PROG)
+    """Entry point of ``features`` / ``python -m features`` (through :mod:`features.entry`)."""
+    with signal_handlers():
+        return run_cli(_main, argv, PROG)

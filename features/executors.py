@@ -100,6 +100,59 @@ class DaskExecutor:
             self.client.cancel([f for f in futures if not f.done()])
 
 
+@contextlib.contextmanager
+def _quiet_children() -> Iterator[None]:
+    """Start local worker processes that leave Ctrl-C to this process and log only errors.
+
+    A terminal's Ctrl-C reaches every process of the group: workers would print a KeyboardInterrupt
+    traceback and their nannies wait 4 s before killing them, while the driver already stops the
+    run and closes the cluster. Children inherit an ignored SIGINT (Python and asyncio then leave it
+    ignored) and ``DASK_LOGGING__DISTRIBUTED=error`` (the cancellation warnings of an interrupted run).
+    """
+    import os
+    import signal
+
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    env_before = os.environ.get("DASK_LOGGING__DISTRIBUTED")
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
+    try:
+        yield
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, before)
+        if env_before is None:
+            os.environ.pop("DASK_LOGGING__DISTRIBUTED", None)
+
+
+def _kill_local_workers(cluster: Any) -> None:
+    """SIGKILL the worker processes of a local cluster (after the run, or after Ctrl-C: blocks not yet
+    flagged are discarded anyway, and a graceful stop waits for the running block, then 4 s more)."""
+    import os
+    import signal
+
+    for nanny in list(getattr(cluster, "workers", {}).values()):
+        process = getattr(getattr(nanny, "process", None), "process", None)
+        pid = getattr(process, "pid", None) if process is not None else None
+        if isinstance(pid, int):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def _quiet_logs() -> Iterator[None]:
+    """Only errors from the ``distributed`` loggers of this process while the body runs."""
+    import logging
+
+    logger = logging.getLogger("distributed")
+    before = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
+
+
 def check_scheduler(scheduler: str, workers: int = 2) -> None:
     """A :class:`UserError` for a ``--scheduler`` / ``--workers`` value that cannot work."""
     if scheduler in ("none", "local") or scheduler.startswith(("tcp://", "tls://", "inproc://")):
@@ -125,13 +178,18 @@ def open_executor(scheduler: str = "none", workers: int = 2) -> Iterator[InProce
     if scheduler == "local":
         # Processes, not threads: each worker holds its own model and the GIL is not shared. One
         # task at a time per worker: torch's thread count is per process, set by the mapper.
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                               dashboard_address=None)
+        with _quiet_children():
+            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                   dashboard_address=None)
         try:
             with Client(cluster) as client:
                 yield DaskExecutor(client)
         finally:
-            cluster.close()
+            # Every result is in (or the run was interrupted): the workers hold nothing to keep, and a
+            # graceful stop waits for a running block and then 4 s more before killing them anyway.
+            with _quiet_logs():
+                _kill_local_workers(cluster)
+                cluster.close()
         return
     try:
         client = Client(scheduler, timeout="30s")

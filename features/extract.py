@@ -291,6 +291,20 @@ def _run_blocks(store: FeatureStore, tasks: list[BlockTask], factory: MapperFact
             summary.failures.extend(result.failures)
 
 
+def retry_failures(store: FeatureStore, everything: bool = False) -> tuple[int, int]:
+    """Clear the flags of finished blocks holding failures that may be transient (missing file, I/O
+    error, truncated file: :func:`features.images.is_transient`; every failure with ``everything``), so
+    that the run computes them again. Returns ``(failed images retried, blocks cleared)``."""
+    from features.images import is_transient
+
+    failures = [f for f in store.block_failures() if everything or is_transient(f["reason"])]
+    done = {int(b) for b in np.flatnonzero(store.blocks_done())}
+    blocks = sorted({int(f["imgid"]) // store.block_size for f in failures} & done)
+    if blocks:
+        store.clear_blocks(blocks)
+    return len(failures), len(blocks)
+
+
 def finish_fne(store: FeatureStore, train_rows: np.ndarray, low: float, high: float) -> None:
     """Write ``fne/mean``, ``fne/std`` (valid train rows only) and ``fne/ternary`` from ``fne/raw``.
 

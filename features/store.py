@@ -27,11 +27,19 @@ list and splits), the provenance and the failures.
 
 Reads go through :class:`StoreArray`: a damaged chunk (truncated, corrupt) becomes a one-line
 :class:`UserError` naming the array, the rows and the chunk file, and suggesting ``features verify``.
+
+Every attribute update also writes a new random ``generation`` token, and an in-place rewrite (the
+ternary swap, the statistics) sets a ``rewriting`` marker first and clears it last; a writer that opens
+a complete store marks it incomplete until it finishes. :func:`read_matrix` and :func:`read_regions`
+compare the token before and after reading, refuse a store a live writer is writing, and check the
+rows against their records (:func:`check_row_records`): a reader gets one consistent version or a
+one-line error (``docs/safety.md``, "Feature stores").
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import math
@@ -578,6 +586,44 @@ def remove_store(path: str | os.PathLike) -> None:
         shutil.rmtree(path)
 
 
+#: write errors a run reports in one line with what it kept, and what to do about each
+WRITE_ERRNOS = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space (disk quota)",
+                errno.EROFS: "make it writable (or use another --out)",
+                errno.EACCES: "make it writable (or use another --out)",
+                errno.EPERM: "make it writable (or use another --out)"}
+
+
+def blocks_kept(store: FeatureStore) -> str:
+    """``"N of M blocks kept"`` (the finished blocks a re-run skips)."""
+    try:
+        return f"{int(store.blocks_done().sum())} of {store.n_blocks} blocks kept"
+    except (UserError, OSError):
+        return "finished blocks kept"
+
+
+def probe_writable(path: Path) -> None:
+    """A one-line UserError, before the model is loaded or any block computed, unless files can be
+    created in the existing store ``path`` (a new store is created in its parent, where the lock file
+    was just created: that proves the parent writable).
+
+    Creates and removes one small file in the store's folder.
+    """
+    probe = path / f".write-probe-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        try:
+            os.write(fd, b"probe")
+        finally:
+            os.close(fd)
+        probe.unlink()
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+        fix = WRITE_ERRNOS.get(exc.errno or 0, "make it writable (or use another --out)")
+        raise UserError(f"{path}: the feature store is not writable ({exc.strerror or exc}); nothing was "
+                        f"computed or changed: {fix} and run again") from None
+
+
 #: the per-row arrays of a region store (``features regions``, ``features import --format
 #: scan-precomp|butd-tsv``)
 REGION_ARRAYS = ("regions", "boxes", "counts", "image_size")
@@ -678,36 +724,64 @@ def _read_checked(store: FeatureStore, path: Path, name: str) -> tuple[np.ndarra
     return stored, valid
 
 
+#: imgid chunks the reader checks (evenly spaced, the first and the last included; verify reads all)
+IMGID_SAMPLE_CHUNKS = 16
+
+
 def check_row_records(store: FeatureStore, valid: np.ndarray) -> None:
-    """A one-line UserError unless the ``imgid`` column is the row number, every block is flagged done,
-    and ``valid`` (N,) is False exactly at the images the blocks' ``failures`` record (imported stores:
-    at least there). Reads ``imgid``, ``blocks_done`` and ``failures`` only: 8 bytes per row plus one
-    short string per block, no feature values (``features verify`` decodes those)."""
+    """A one-line UserError unless ``valid`` (N,) is False exactly at the failed images (imported
+    stores: at least there) and the ``imgid`` column is the row number.
+
+    Cheap enough for every read (under 1% of reading a large store, ``bench/bench_store_safety.py``):
+    ``valid`` is first compared with the failures the store's attributes list (no read); only when they
+    differ are the blocks' own ``failures`` records read, and they decide. ``imgid`` is read in
+    :data:`IMGID_SAMPLE_CHUNKS` chunks (it is written once, when the store is created; ``features
+    verify`` checks every chunk).
+    """
     path = store.path
     fix = f"run `features verify {path} --repair`, then the store's `features` command to recompute it"
-    imgid = np.asarray(store.array("imgid")[:])
-    wrong = np.flatnonzero(imgid != np.arange(len(imgid)))
-    if len(wrong):
-        r = int(wrong[0])
-        raise UserError(f"{path}: row {r} holds imgid {int(imgid[r])}, not {r} (the rows are not in the "
-                        f"dataset's order; {len(wrong)} such rows); {fix}")
-    done = store.blocks_done()
-    if not done.all():
-        first = int(np.flatnonzero(~done)[0])
-        raise UserError(f"{path}: marked complete but block {first} is not done; {fix}")
-    failed = np.zeros(len(valid), dtype=bool)
-    for f in store.block_failures():
-        if 0 <= int(f["imgid"]) < len(valid):
-            failed[int(f["imgid"])] = True
-    wrongly_valid = np.flatnonzero(failed & valid)
-    if len(wrongly_valid):
-        raise UserError(f"{path}: imgid {int(wrongly_valid[0])} is recorded as failed but marked valid "
-                        f"({len(wrongly_valid)} such rows); {fix}")
-    if store.attrs.get("config", {}).get("kind") != "import":
+    imported = store.attrs.get("config", {}).get("kind") == "import"
+    if not _valid_matches(valid, store.attrs.get("failures") or [], imported):
+        failed = _failed_mask(store.block_failures(), len(valid))
+        wrongly_valid = np.flatnonzero(failed & valid)
+        if len(wrongly_valid):
+            raise UserError(f"{path}: imgid {int(wrongly_valid[0])} is recorded as failed but marked valid "
+                            f"({len(wrongly_valid)} such rows); {fix}")
         unexplained = np.flatnonzero(~failed & ~valid)
-        if len(unexplained):
+        if len(unexplained) and not imported:
             raise UserError(f"{path}: imgid {int(unexplained[0])} is invalid without a recorded failure "
                             f"({len(unexplained)} such rows); {fix}")
+    arr = store.array("imgid")
+    rows = arr.chunks[0]
+    n_chunks = math.ceil(len(valid) / rows) if len(valid) else 0
+    chunks = sorted({int(c) for c in np.linspace(0, n_chunks - 1, min(IMGID_SAMPLE_CHUNKS, n_chunks))})
+    index = np.concatenate([np.arange(c * rows, min((c + 1) * rows, len(valid))) for c in chunks]) if chunks \
+        else np.zeros(0, dtype=np.int64)
+    try:
+        imgid = np.asarray(arr.zarr.get_orthogonal_selection(index))
+    except Exception:  # noqa: BLE001 - a damaged chunk: let the StoreArray name it
+        imgid = np.asarray(arr[:])[index]
+    wrong = np.flatnonzero(imgid != index)
+    if len(wrong):
+        r = int(index[wrong[0]])
+        raise UserError(f"{path}: row {r} holds imgid {int(imgid[wrong[0]])}, not {r} (the rows are not in "
+                        f"the dataset's order); {fix}")
+
+
+def _failed_mask(failures: list[dict[str, Any]], n: int) -> np.ndarray:
+    """(n,) bool: True at the imgids of ``failures``."""
+    failed = np.zeros(n, dtype=bool)
+    for f in failures:
+        i = int(f.get("imgid", -1)) if isinstance(f, dict) else -1
+        if 0 <= i < n:
+            failed[i] = True
+    return failed
+
+
+def _valid_matches(valid: np.ndarray, failures: list[dict[str, Any]], imported: bool) -> bool:
+    """Whether ``valid`` is False exactly at ``failures`` (imported: at least there)."""
+    failed = _failed_mask(failures, len(valid))
+    return not (failed & valid).any() and (imported or bool((failed | valid).all()))
 
 
 def read_matrix(spec: str, dataset: PreparedDataset | str | os.PathLike | None = None,

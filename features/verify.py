@@ -363,6 +363,16 @@ def verify_store(path: str | os.PathLike, data: str | os.PathLike | None = None,
 
 
 def _verify(store: FeatureStore, data: str | os.PathLike | None) -> VerifyReport:
+    """Check the store (see :func:`verify_store`); a writer that changed it meanwhile is a UserError."""
+    before = store.state()
+    report = _check_store(store, data)
+    if store.state().generation != before.generation:
+        raise UserError(f"{store.path}: the store was rewritten while it was being verified; run "
+                        "`features verify` again when the writer has finished")
+    return report
+
+
+def _check_store(store: FeatureStore, data: str | os.PathLike | None) -> VerifyReport:
     dataset = None
     if data is not None:
         dataset = PreparedDataset.load(data)
