@@ -560,7 +560,8 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         return _run(args)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (features.entry): one line, 130 or 143
-        print(f"{PROG}: {exc.args[0] if exc.args else 'interrupted'}", file=sys.stderr)
+        plain = "terminated" if exit_status(exc) == 143 else "interrupted"  # as run_cli says it
+        print(f"{PROG}: {exc.args[0] if exc.args else plain}", file=sys.stderr)
         return exit_status(exc)
 
 
