@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import sys
 import threading
 from collections.abc import Iterator, Sequence
 from types import FrameType
@@ -49,10 +48,9 @@ def exit_status(exc: KeyboardInterrupt) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``features`` command and of ``python -m features``."""
+    from prep import interrupted_while_loading
+
     with signal_handlers():
-        try:
+        with interrupted_while_loading("features"):
             from features.cli import main as cli_main
-        except KeyboardInterrupt as exc:
-            print("features: interrupted (while starting; nothing was written)", file=sys.stderr)
-            return exit_status(exc)
         return cli_main(argv)

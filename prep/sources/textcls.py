@@ -23,8 +23,9 @@ from pathlib import Path
 
 from prep.errors import UserError
 
-#: an AG News / DBPedia description can be long; the csv module's default field limit is 128 KiB
-csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+#: an AG News / DBPedia description can be long; the csv module's default field limit is 128 KiB (set
+#: only while a file is read: the limit is process-wide state other readers rely on)
+FIELD_SIZE_LIMIT = min(sys.maxsize, 2**31 - 1)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,15 @@ def read_classes(path: str | Path) -> list[str]:
     return names
 
 
+def _next_row(reader) -> list[str]:
+    """The reader's next row with the field limit raised for just that read."""
+    before = csv.field_size_limit(FIELD_SIZE_LIMIT)
+    try:
+        return next(reader)
+    finally:
+        csv.field_size_limit(before)
+
+
 def _rows(path: Path, delimiter: str):
     """``(first line number, row)`` of each record of a CSV file (a quoted field may span lines)."""
     try:
@@ -76,7 +86,7 @@ def _rows(path: Path, delimiter: str):
         line = 1
         while True:
             try:
-                row = next(reader)
+                row = _next_row(reader)
             except StopIteration:
                 return
             except csv.Error as exc:
