@@ -42,7 +42,7 @@ from train.runs import (
     write_config,
 )
 from train.textcls_metrics import classification_metrics, format_metrics
-from train.trainer import BEST, LAST, METRICS, Trainer, embed_codes, resolve_device, write_evaluation
+from train.trainer import BEST, METRICS, Trainer, embed_codes, resolve_device, write_evaluation
 
 TASK = "classify"
 TRAIN_LOG = "train.log"
@@ -277,7 +277,7 @@ def _train(settings: ClassifySection, run_dir: Path, resume: bool, log: Callable
                                     run_dir, device, log=log, labels=dataset.labels)
     if resume:
         _check_resumable(run_dir, config)
-        _continue(trainer, log)
+        trainer.resume(log)
     write_config(run_dir, config)
     p = config["parameters"]
     log(f"classify {settings.encoder}: {len(sets['train']):,} train / {len(sets['val']):,} val texts of "
@@ -290,22 +290,6 @@ def _train(settings: ClassifySection, run_dir: Path, resume: bool, log: Callable
         f"after {trainer.epoch} epochs; run directory {run_dir}")
     del trainer
     evaluate_test(run_dir, device)
-
-
-def _continue(trainer: ClassificationTrainer, log: Callable[[str], None]) -> None:
-    """Load ``checkpoints/last.pt`` into ``trainer`` (a run extended by a larger --epochs goes on)."""
-    path = trainer.checkpoint_dir / LAST
-    state = load_checkpoint(path, map_location="cpu")
-    try:
-        trainer.load_state(state)
-    except (RuntimeError, ValueError, KeyError) as exc:
-        raise UserError(f"{path}: cannot continue from it with this code "
-                        f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
-    if trainer.finished and trainer.can_continue():
-        trainer.finished = False
-    where = (f"epoch {trainer.epoch + 1}, batch {trainer.position}" if trainer.position
-             else f"the end of epoch {trainer.epoch}")
-    log(f"resuming {trainer.run_dir} at {where} (step {trainer.global_step})")
 
 
 def dry_run_report(settings: ClassifySection, vocab_size: int | None = None,

@@ -27,9 +27,6 @@ from prep.errors import DEVICE_HELP, UserError, resume_hint
 from prep.io import exclusive_lock
 from prep.pipelines import TrainSection, add_pipeline_arguments, stage_settings
 from train.checkpoint import (
-    check_model_state,
-    check_optimizer_state,
-    newest_checkpoint,
     remove_stale_temporaries,
 )
 from train.data import (
@@ -44,7 +41,7 @@ from train.data import (
 )
 from train.evaluate import protocol_folds
 from train.models.registry import ModelSpec, model_spec, with_family_defaults
-from train.rundir import BEST, LAST, RunDir
+from train.rundir import RunDir
 from train.runs import (
     absolute_settings,
     check_same_config,
@@ -436,7 +433,7 @@ def _train(settings: TrainSection, spec: ModelSpec, run_dir: Path, resume: bool,
                       pair_sets=pair_sets)
     if resume:
         check_same_config(run_dir, config)
-        _continue(trainer, settings, log)
+        trainer.resume(log)
     write_config(run_dir, config)  # on resume: records the new device / epochs / checkpoint_every
     log(f"{settings.family}: {len(train_set):,} train captions ({train_set.lang}) of "
         f"{train_set.num_images:,} images, {len(val_set):,} val captions of {val_set.num_images:,} images, "
@@ -569,30 +566,6 @@ def _words_fingerprint(data: str, spec: ModelSpec) -> dict[str, str]:
     from prep.io import sha256_file
 
     return {"words_json": sha256_file(Path(data) / WORDS_FILE)}
-
-
-def _continue(trainer: Trainer, settings: TrainSection, log: Callable[[str], None]) -> None:
-    """Load the newest checkpoint into ``trainer`` (a run extended by a larger --epochs goes on)."""
-    run = RunDir(trainer.run_dir)
-    found = newest_checkpoint(run.checkpoints, (LAST, BEST))
-    if found is None:
-        raise UserError(f"{trainer.run_dir}: nothing to resume (no checkpoints/{LAST} or {BEST})")
-    path, state = found
-    check_model_state(trainer.model, state["model"], str(path))
-    check_optimizer_state(trainer.optimizer, state.get("optimizer", {}), str(path))
-    try:
-        trainer.load_state(state)
-    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise UserError(f"{path}: cannot continue from it with this code "
-                        f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
-    if trainer.finished and trainer.can_continue():
-        trainer.finished = False
-    where = (f"epoch {trainer.epoch + 1}, batch {trainer.position}" if trainer.position
-             else f"the end of epoch {trainer.epoch}")
-    log(f"resuming {trainer.run_dir} from checkpoints/{path.name} at {where} (step {trainer.global_step})")
-    if not trainer.finished and not trainer.can_continue() and trainer._has_next_phase():
-        # best.pt written at the end of a phase, before the next one began (killed writing last.pt)
-        trainer._next_phase()
 
 
 def evaluate_test(run_dir: Path, settings: TrainSection, device: torch.device,

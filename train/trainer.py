@@ -285,6 +285,34 @@ class Trainer:
             "settings": self.settings.model_dump(),
         }
 
+    def resume(self, log: Callable[[str], None]) -> Path:
+        """Load the newest consistent checkpoint (``last.pt`` or ``best.pt``, whichever has gone further,
+        :func:`train.checkpoint.newest_checkpoint`) after checking its tensor shapes against the model and
+        optimiser; a run extended by a larger ``--epochs`` goes on. Returns the file resumed from."""
+        from prep.errors import UserError
+        from train.checkpoint import check_model_state, check_optimizer_state, newest_checkpoint
+
+        found = newest_checkpoint(self.checkpoint_dir, (LAST, BEST))
+        if found is None:
+            raise UserError(f"{self.run_dir}: nothing to resume (no checkpoints/{LAST} or {BEST})")
+        path, state = found
+        check_model_state(self.model, state["model"], str(path))
+        check_optimizer_state(self.optimizer, state.get("optimizer", {}), str(path))
+        try:
+            self.load_state(state)
+        except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise UserError(f"{path}: cannot continue from it with this code "
+                            f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+        if self.finished and self.can_continue():
+            self.finished = False
+        where = (f"epoch {self.epoch + 1}, batch {self.position}" if self.position
+                 else f"the end of epoch {self.epoch}")
+        log(f"resuming {self.run_dir} from checkpoints/{path.name} at {where} (step {self.global_step})")
+        if not self.finished and not self.can_continue() and self._has_next_phase():
+            # best.pt written at the end of a phase, before the next one began (killed writing last.pt)
+            self._next_phase()
+        return path
+
     def load_state(self, state: dict[str, Any]) -> None:
         """Continue from a state written by :meth:`state` (model, optimiser, generators, position)."""
         self.model.load_state_dict(state["model"])
