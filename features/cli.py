@@ -488,6 +488,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only these splits (repeatable; default all with images)")
     p.add_argument("--allow-invalid", action="store_true",
                    help="write rows of failed images (NaN) instead of refusing")
+    p.add_argument("--captions-per-image", type=int, default=None, metavar="K",
+                   help="precomp: keep each image's first K captions, repeating them in order where it has "
+                        "fewer (VSE++/SCAN pair caption i with image i // 5); needed when a split's images "
+                        "do not all have 5 (or all 1) captions, which is refused otherwise")
     p = sub.add_parser("import", help="read VSE++/SCAN precomp .npy, HDF5 or bottom-up-attention TSV into a "
                                       "store",
                        description="Read features made elsewhere into a store of a prepared dataset. Rows "
@@ -578,7 +582,8 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.command == "export":
         written = interop.export_store(args.store, args.data, args.format, args.out, splits=args.split,
-                                       allow_invalid=args.allow_invalid, overwrite=args.overwrite)
+                                       allow_invalid=args.allow_invalid, overwrite=args.overwrite,
+                                       captions_per_image=args.captions_per_image)
         for path in written:
             print(f"features: wrote {path}")
         return 0

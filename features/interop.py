@@ -24,7 +24,16 @@ from typing import Any
 
 import numpy as np
 
-from features.store import REGION_ARRAYS, FeatureStore, RowShape, parse_spec, read_matrix, row_shape
+from features.store import (
+    REGION_ARRAYS,
+    FeatureStore,
+    RowShape,
+    parse_spec,
+    read_matrix,
+    row_shape,
+    stored_region_counts,
+)
+from prep import console
 from prep.dataset import DATASET_FILE, SPLITS, PreparedDataset
 from prep.errors import UserError
 from prep.io import atomic_file, deferred_interrupts, exclusive_lock, sha256_file, write_json_atomic
@@ -48,10 +57,51 @@ def _precomp_parts(rows: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
     return parts
 
 
-def _precomp_files(name: str, languages: Sequence[str]) -> list[str]:
-    """The file names :func:`_write_precomp` writes for the part ``name``, in writing order."""
+def _precomp_files(name: str, languages: Sequence[str], regions: bool = False) -> list[str]:
+    """The file names :func:`_write_precomp` writes for the part ``name``, in writing order (a region
+    store also gets ``{name}_counts.npy``, the real regions of each padded row)."""
     caps = [f"{name}_caps.txt" if k == 0 else f"{name}_caps.{lang}.txt" for k, lang in enumerate(languages)]
-    return [f"{name}_ims.npy", *caps, f"{name}_ids.json"]
+    return [f"{name}_ims.npy", *([f"{name}_counts.npy"] if regions else []), *caps,
+            f"{name}_ids.json"]
+
+
+#: caption counts per image that VSE++/SCAN's precomp loaders pair correctly (caption i belongs to image
+#: i // 5, or i when there is one caption per image)
+PEER_CAPTIONS_PER_IMAGE = (5, 1)
+
+
+def precomp_captions(captions: list[list[str]], keep: int | None, where: str
+                     ) -> tuple[list[str], dict[str, int]]:
+    """The caption lines of a precomp part (images in row order) and what the policy did.
+
+    VSE++/SCAN read caption ``i`` of ``{split}_caps.txt`` as belonging to image ``i // 5`` (or ``i`` when
+    there are as many captions as images), so every image needs the same count, 5 or 1. Without
+    ``keep`` a split with other counts is refused (one line naming the counts); with ``keep = K`` each
+    image's first K captions are kept and, where it has fewer, its captions are repeated in order
+    (``a b a b a`` for two), as the peers' COCO preparation does. Returns the lines and
+    ``{"repeated": n, "dropped": n}``.
+    """
+    counts = [len(c) for c in captions]
+    if keep is None:
+        uniform = len(set(counts)) == 1
+        if uniform and counts and counts[0] in PEER_CAPTIONS_PER_IMAGE:
+            return [t for c in captions for t in c], {"repeated": 0, "dropped": 0}
+        low, high = (min(counts), max(counts)) if counts else (0, 0)
+        raise UserError(f"{where}: images have {low} to {high} captions, but VSE++/SCAN pair caption i with "
+                        "image i // 5 (or i with one caption each), so most captions would meet the wrong "
+                        "image; give --captions-per-image 5 (or 1) to keep each image's first captions, "
+                        "repeating them where it has fewer")
+    if keep < 1:
+        raise UserError(f"--captions-per-image {keep}: must be at least 1")
+    if any(n == 0 for n in counts):
+        first = counts.index(0)
+        raise UserError(f"{where}: image row {first} has no caption to keep or repeat")
+    lines, repeated, dropped = [], 0, 0
+    for caps in captions:
+        lines += [caps[k % len(caps)] for k in range(keep)]
+        repeated += max(0, keep - len(caps))
+        dropped += max(0, len(caps) - keep)
+    return lines, {"repeated": repeated, "dropped": dropped}
 
 
 @contextlib.contextmanager
@@ -82,7 +132,7 @@ def _save_npy(fh: Any, array: np.ndarray) -> None:
 
 def export_store(spec: str, data: str | os.PathLike, fmt: str, out: str | os.PathLike,
                  splits: Sequence[str] | None = None, allow_invalid: bool = False,
-                 overwrite: bool = False) -> list[Path]:
+                 overwrite: bool = False, captions_per_image: int | None = None) -> list[Path]:
     """Write a finished store as precomp ``.npy`` files (``fmt="precomp"``) or one HDF5 file.
 
     The output is checked first with :mod:`prep.outputs` (never the store, the prepared dataset or
@@ -90,7 +140,10 @@ def export_store(spec: str, data: str | os.PathLike, fmt: str, out: str | os.Pat
     with ``overwrite``). Rows of failed images are refused (they would be NaN in another codebase)
     unless ``allow_invalid``; so is a store made for another prepared dataset than ``data``
     (:func:`features.store.check_store_matches`). Every file is written atomically
-    (:func:`prep.io.atomic_file`). Returns the files written.
+    (:func:`prep.io.atomic_file`). A precomp split whose images do not all have 5 (or all 1) captions
+    is refused unless ``captions_per_image`` names the policy of :func:`precomp_captions`; a region
+    store's padded rows come with ``{name}_counts.npy`` (and a warning when the counts vary). Returns
+    the files written.
     """
     if fmt not in ("precomp", "hdf5"):
         raise UserError(f"unknown export format '{fmt}' (precomp or hdf5)")
@@ -103,12 +156,17 @@ def export_store(spec: str, data: str | os.PathLike, fmt: str, out: str | os.Pat
             raise UserError(f"{data}: split '{split}' has no images")
     inputs = [path, dataset.root]
     out = Path(out)
+    if captions_per_image is not None and fmt != "precomp":
+        raise UserError("--captions-per-image goes with --format precomp (an HDF5 file keeps every caption "
+                        "with its image)")
+    store = FeatureStore(path)
+    regions = store.has("counts") and parse_spec(spec)[1] in (None, "regions")
     if fmt == "precomp":
-        names = [f for name, _ in _precomp_parts(rows) for f in _precomp_files(name, dataset.languages)]
+        names = [f for name, _ in _precomp_parts(rows)
+                 for f in _precomp_files(name, dataset.languages, regions)]
         check_output_folder(out, names, inputs=inputs, overwrite=overwrite)
     else:
         check_output_file(out, inputs=inputs, overwrite=overwrite)
-    store = FeatureStore(path)
     x, valid = read_matrix(spec, dataset)  # refuses a store of another dataset, or a damaged one
     for split, r in rows.items():
         bad = r[~valid[r]]
@@ -118,47 +176,73 @@ def export_store(spec: str, data: str | os.PathLike, fmt: str, out: str | os.Pat
     if fmt == "hdf5":
         del x  # the HDF5 writer reads the store block by block
         return [_export_hdf5(store, dataset, np.concatenate(list(rows.values())), out)]
+    counts = stored_region_counts(store) if regions else None
+    if counts is not None and len(np.unique(counts)) > 1:
+        console.warning(f"{path}: regions per image vary ({int(counts.min())} to {int(counts.max())}): the "
+                        "precomp rows are zero-padded to the largest; {split}_counts.npy says how many are "
+                        "real (a loader without a mask would treat the padding as regions)")
+    # every part's captions are checked (and the policy applied) before anything is written
+    parts = [(name, part, _part_captions(dataset, part, captions_per_image, out / f"{name}_caps.txt"))
+             for name, part in _precomp_parts(rows)]
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, part in _precomp_parts(rows):
-        written += _write_precomp(out, name, x, part, dataset)
+    for name, part, captions in parts:
+        written += _write_precomp(out, name, x, part, dataset, captions,
+                                  None if counts is None else counts[part])
     return written
 
 
-def _write_precomp(out: Path, name: str, x: np.ndarray, rows: np.ndarray, dataset: PreparedDataset
-                   ) -> list[Path]:
-    """``{name}_ims.npy``, ``{name}_caps.txt`` (one per language after the first:
-    ``{name}_caps.{lang}.txt``) and ``{name}_ids.json`` for the images ``rows``; returns the files.
-
-    Captions are grouped by image in row order, each image's in the dataset's order, newlines
-    folded to spaces. VSE++/SCAN read caption ``k`` as belonging to image ``k // 5``: the ids file's
-    ``captions_per_image`` says whether that holds (one number) or not (a list, one per image).
-    """
-    ims_name, *caps_names, ids_name = _precomp_files(name, dataset.languages)
-    ims = out / ims_name
-    with _naming(ims), atomic_file(ims, "wb") as fh:
-        _save_npy(fh, np.ascontiguousarray(x[rows], dtype=np.float32))
-    written = [ims]
+def _part_captions(dataset: PreparedDataset, rows: np.ndarray, keep: int | None, where: Path
+                   ) -> dict[str, tuple[list[str], dict[str, int]]]:
+    """Per language: the caption lines of the images ``rows`` (:func:`precomp_captions`) and what the
+    policy did."""
     by_image: dict[int, list] = {int(r): [] for r in rows}
     for sent in dataset.sentences:
         if sent.imgid in by_image:
             by_image[sent.imgid].append(sent)
-    per_image: dict[str, list[int]] = {}
-    for lang, caps_name in zip(dataset.languages, caps_names, strict=True):
-        texts, counts = [], []
-        for r in rows:
-            caps = [" ".join(s.raw.split()) for s in by_image[int(r)] if s.lang == lang]
-            texts += caps
-            counts.append(len(caps))
+    out = {}
+    for lang in dataset.languages:
+        captions = [[" ".join(s.raw.split()) for s in by_image[int(r)] if s.lang == lang] for r in rows]
+        out[lang] = precomp_captions(captions, keep, str(where) + (f" ({lang})" if lang != "en" else ""))
+    return out
+
+
+def _write_precomp(out: Path, name: str, x: np.ndarray, rows: np.ndarray, dataset: PreparedDataset,
+                   captions: dict[str, tuple[list[str], dict[str, int]]], counts: np.ndarray | None = None
+                   ) -> list[Path]:
+    """``{name}_ims.npy``, for a region store ``{name}_counts.npy``, ``{name}_caps.txt`` (one per
+    language after the first: ``{name}_caps.{lang}.txt``) and ``{name}_ids.json`` for the images
+    ``rows``; returns the files.
+
+    ``captions``: per language, the lines of :func:`precomp_captions` (each image's in the dataset's
+    order, newlines folded to spaces, the same count for every image) and what its policy did, which the
+    ids file records with the count per image.
+    """
+    ims_name, *names, ids_name = _precomp_files(name, dataset.languages, counts is not None)
+    ims = out / ims_name
+    with _naming(ims), atomic_file(ims, "wb") as fh:
+        _save_npy(fh, np.ascontiguousarray(x[rows], dtype=np.float32))
+    written = [ims]
+    if counts is not None:
+        counts_file, *names = names
+        with _naming(out / counts_file), atomic_file(out / counts_file, "wb") as fh:
+            _save_npy(fh, np.ascontiguousarray(counts, dtype=np.int32))
+        written.append(out / counts_file)
+    for lang, caps_name in zip(dataset.languages, names, strict=True):
         file = out / caps_name
         with _naming(file), atomic_file(file, "w") as fh:
-            fh.write("".join(f"{t}\n" for t in texts))
+            fh.write("".join(f"{t}\n" for t in captions[lang][0]))
         written.append(file)
-        per_image[lang] = counts
+        if captions[lang][1]["repeated"] or captions[lang][1]["dropped"]:
+            lines, policy = captions[lang]
+            console.info(f"{file}: {len(rows)} images x {len(lines) // max(1, len(rows))} captions; "
+                         f"{policy['repeated']} repeated, {policy['dropped']} dropped")
     images = [dataset.images[int(r)] for r in rows]
     ids = {"dataset": str(dataset.root), "split": images[0].split if images else None,
            "images": [{"imgid": im.imgid, "cocoid": im.cocoid, "file": _image_file(im)} for im in images],
-           "captions_per_image": {lang: (c[0] if len(set(c)) == 1 else c) for lang, c in per_image.items()}}
+           "captions_per_image": {lang: len(lines) // max(1, len(rows))
+                                  for lang, (lines, _) in captions.items()},
+           "captions_policy": {lang: policy for lang, (_, policy) in captions.items()}}
     with _naming(out / ids_name):
         write_json_atomic(out / ids_name, ids)
     written.append(out / ids_name)

@@ -1,0 +1,96 @@
+"""A precomp export read with SCAN's own rules: every caption meets its image.
+
+SCAN's ``PrecompDataset`` (and VSE++'s) reads ``{split}_caps.txt`` one caption per line and
+``{split}_ims.npy`` one row per image, and pairs caption ``i`` with image ``i // im_div``, where
+``im_div = 5`` when there are more captions than images and 1 otherwise. A split whose images do not
+all have 5 (or all 1) captions cannot be written so that this holds, so the export refuses it unless
+``--captions-per-image K`` picks the policy: each image's first K captions, repeated in order where it
+has fewer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_data import make_prepared, make_store
+from test_features_regions import _dataset, _regions, _write_tsv
+
+from features.cli import main
+from prep.dataset import PreparedDataset
+
+
+def scan_pairs(folder: Path, name: str) -> tuple[np.ndarray, list[tuple[int, str]]]:
+    """SCAN's reading of a precomp part: the image rows and ``(image row, caption)`` per caption line."""
+    ims = np.load(folder / f"{name}_ims.npy")
+    caps = (folder / f"{name}_caps.txt").read_text(encoding="utf-8").splitlines()
+    im_div = 5 if ims.shape[0] != len(caps) else 1
+    return ims, [(i // im_div, c) for i, c in enumerate(caps)]
+
+
+@pytest.fixture(scope="module")
+def ragged(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("ragged")
+    prepared = make_prepared(root / "prepared", n_train=6, n_val=4, n_test=5)  # 2 or 3 captions per image
+    return prepared, make_store(root / "feats.zarr", prepared)
+
+
+def test_a_ragged_split_is_refused_without_a_policy(ragged, tmp_path, capsys) -> None:
+    prepared, store = ragged
+    out = tmp_path / "out"
+    assert main(["export", "--store", str(store), "--data", str(prepared), "--format", "precomp",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "images have 2 to 3 captions" in err and "--captions-per-image 5" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("keep", [5, 1])
+def test_with_a_policy_every_caption_meets_its_image_under_scans_rules(ragged, tmp_path, keep) -> None:
+    prepared, store = ragged
+    out = tmp_path / "out"
+    assert main(["export", "--store", str(store), "--data", str(prepared), "--format", "precomp",
+                 "--out", str(out), "--captions-per-image", str(keep)]) == 0
+    dataset = PreparedDataset.load(prepared)
+    x = np.asarray(__import__("zarr").open_group(str(store), mode="r")["global"][:])
+    for split, name in (("train", "train"), ("val", "dev"), ("test", "test")):
+        ims, pairs = scan_pairs(out, name)
+        ids = json.loads((out / f"{name}_ids.json").read_text())
+        imgids = [im["imgid"] for im in ids["images"]]
+        assert imgids == dataset.image_rows(split)
+        np.testing.assert_array_equal(ims, x[imgids])  # row k is image imgids[k]
+        assert len(pairs) == keep * len(imgids)
+        for row, caption in pairs:  # SCAN's image of each caption is the image it describes
+            own = [" ".join(s.raw.split()) for s in dataset.sentences if s.imgid == imgids[row]]
+            assert caption in own, (split, row, caption)
+        for row, imgid in enumerate(imgids):  # its first captions, in order, repeated where fewer
+            own = [" ".join(s.raw.split()) for s in dataset.sentences if s.imgid == imgid]
+            got = [c for r, c in pairs if r == row]
+            assert got == [own[k % len(own)] for k in range(keep)]
+        counts = [sum(s.imgid == i for s in dataset.sentences) for i in imgids]
+        assert ids["captions_per_image"] == {"en": keep}
+        assert ids["captions_policy"]["en"] == {"repeated": sum(max(0, keep - n) for n in counts),
+                                                "dropped": sum(max(0, n - keep) for n in counts)}
+
+
+def test_padded_region_rows_come_with_their_counts(tmp_path, capsys) -> None:
+    names = [f"COCO_val2014_{i:012d}.jpg" for i in (391895, 522418, 184613)]
+    data = _dataset(tmp_path, names, ["train", "train", "train"])
+    rng = np.random.default_rng(1)
+    regions = {cid: _regions(rng, n, 8) for cid, n in ((391895, 6), (522418, 2), (184613, 4))}
+    _write_tsv(tmp_path / "r.tsv", [(cid, 640, 480, *regions[cid]) for cid in regions])
+    store = tmp_path / "r.zarr"
+    assert main(["import", "--format", "butd-tsv", "--tsv", str(tmp_path / "r.tsv"), "--data",
+                 str(data.root), "--out", str(store)]) == 0
+    capsys.readouterr()
+    assert main(["export", "--store", str(store), "--data", str(data.root), "--format", "precomp",
+                 "--out", str(tmp_path / "exp")]) == 0
+    assert "regions per image vary (2 to 6)" in capsys.readouterr().err
+    ims = np.load(tmp_path / "exp" / "train_ims.npy")
+    counts = np.load(tmp_path / "exp" / "train_counts.npy")
+    assert ims.shape == (3, 6, 8) and counts.tolist() == [6, 2, 4]
+    for row, cid in enumerate((391895, 522418, 184613)):
+        np.testing.assert_array_equal(ims[row, :counts[row]], regions[cid][1])
+        assert (ims[row, counts[row]:] == 0).all()
