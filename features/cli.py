@@ -475,11 +475,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", metavar="STORE.zarr[:KEY]", required=True,
                    help="feature store; KEY global, fne (ternary), fne_raw or regions (default: what it has)")
     p.add_argument("--data", metavar="DIR", required=True, help="the prepared dataset of the store")
-    p.add_argument("--format", choices=("precomp", "hdf5"), required=True,
+    p.add_argument("--format", choices=("precomp", "hdf5", "butd-tsv"), required=True,
                    help="precomp: {train,dev,test}_ims.npy (dev = val, as VSE++/SCAN name it), (n, C) or, "
-                        "for regions, SCAN's (n, k, D) with zero padding rows; hdf5: one file (regions "
-                        "stores: also boxes, counts, image_size)")
-    p.add_argument("--out", metavar="DIR|FILE.h5", required=True,
+                        "for regions, SCAN's (n, k, D) with zero padding rows and {split}_counts.npy; hdf5: "
+                        "one file (regions stores: also boxes, counts, image_size); butd-tsv: one "
+                        "bottom-up-attention TSV of a region store (image_id, image_w, image_h, num_boxes, "
+                        "base64 float32 boxes and features), failed images left out")
+    p.add_argument("--out", metavar="DIR|FILE.h5|FILE.tsv", required=True,
                    help="output folder (precomp; other files in it are kept) or file (hdf5); never the store,"
                         " the prepared dataset or a place inside them or another store, dataset or run")
     p.add_argument("--overwrite", action="store_true",

@@ -1,4 +1,5 @@
-"""Exchange with other codebases: VSE++/SCAN precomp ``{split}_ims.npy`` and HDF5 (h5py).
+"""Exchange with other codebases: VSE++/SCAN precomp ``{split}_ims.npy``, HDF5 (h5py) and, for region
+stores, the bottom-up-attention TSV.
 
 Precomp layout (VSE++ ``data.py``, SCAN): one file per split, one row per image in the split's
 image order, float32; the validation split is called ``dev``; a row is a vector ``(C,)`` (VSE++) or
@@ -39,6 +40,8 @@ from prep.errors import UserError
 from prep.io import atomic_file, deferred_interrupts, exclusive_lock, sha256_file, write_json_atomic
 from prep.outputs import check_output_file, check_output_folder
 
+#: what ``features export --format`` writes
+EXPORT_FORMATS = ("precomp", "hdf5", "butd-tsv")
 #: precomp file prefix of each split (VSE++/SCAN call the validation split ``dev``)
 PRECOMP_NAMES = {"train": "train", "val": "dev", "test": "test"}
 #: a test split of this many images is COCO's 5k: written as ``testall`` (all) and ``test`` (first 1k)
@@ -145,8 +148,8 @@ def export_store(spec: str, data: str | os.PathLike, fmt: str, out: str | os.Pat
     store's padded rows come with ``{name}_counts.npy`` (and a warning when the counts vary). Returns
     the files written.
     """
-    if fmt not in ("precomp", "hdf5"):
-        raise UserError(f"unknown export format '{fmt}' (precomp or hdf5)")
+    if fmt not in EXPORT_FORMATS:
+        raise UserError(f"unknown export format '{fmt}' ({', '.join(EXPORT_FORMATS)})")
     dataset = PreparedDataset.load(data)
     path, _ = parse_spec(spec)
     splits = list(splits) if splits else [s for s in SPLITS if dataset.image_rows(s)]
@@ -176,6 +179,9 @@ def export_store(spec: str, data: str | os.PathLike, fmt: str, out: str | os.Pat
     if fmt == "hdf5":
         del x  # the HDF5 writer reads the store block by block
         return [_export_hdf5(store, dataset, np.concatenate(list(rows.values())), out)]
+    if fmt == "butd-tsv":
+        del x
+        return [_export_butd_tsv(store, dataset, np.sort(np.concatenate(list(rows.values()))), valid, out)]
     counts = stored_region_counts(store) if regions else None
     if counts is not None and len(np.unique(counts)) > 1:
         console.warning(f"{path}: regions per image vary ({int(counts.min())} to {int(counts.max())}): the "
@@ -247,6 +253,30 @@ def _write_precomp(out: Path, name: str, x: np.ndarray, rows: np.ndarray, datase
         write_json_atomic(out / ids_name, ids)
     written.append(out / ids_name)
     return written
+
+
+def _export_butd_tsv(store: FeatureStore, dataset: PreparedDataset, rows: np.ndarray, valid: np.ndarray,
+                     out: Path) -> Path:
+    """One bottom-up-attention TSV (:func:`features.region_formats.butd_tsv_lines`) of the valid ``rows``
+    of a region store with boxes and image sizes, read block by block; failed images are left out (an
+    import records them as missing, as they are in the store). ``features import --format butd-tsv``
+    reads it back to the same arrays, bit for bit."""
+    from features.region_formats import butd_tsv_lines
+
+    lacking = [name for name in REGION_ARRAYS if not store.has(name)]
+    if lacking:
+        raise UserError(f"{store.path}: has no {', '.join(lacking)}: a bottom-up-attention TSV needs region "
+                        "features with their boxes and image sizes (features regions, or an imported TSV)")
+    rows = rows[valid[rows]]
+    step = 256  # images per read: a few hundred MB of 36 x 2048 float32 regions at most
+    with _naming(out), atomic_file(out, "w") as fh, deferred_interrupts() as interrupts:
+        for start in range(0, len(rows), step):
+            part = rows[start:start + step]
+            arrays = {name: np.asarray(store.array(name).oindex[part]) for name in REGION_ARRAYS}
+            fh.writelines(butd_tsv_lines(dataset, part, arrays["regions"], arrays["boxes"], arrays["counts"],
+                                         arrays["image_size"]))
+            interrupts.check()
+    return out
 
 
 def _image_file(image: object) -> str:

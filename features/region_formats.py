@@ -379,3 +379,27 @@ def read_butd_tsv(paths: str | os.PathLike | Sequence[str | os.PathLike], datase
     """Index the TSV file(s) ``paths`` and match them to ``dataset`` (see :class:`ButdTsv`)."""
     return ButdTsv(paths).source(dataset, splits)
 
+
+
+def _encode(array: np.ndarray) -> str:
+    """base64 of the array's float32 bytes (C order), as ``generate_tsv.py`` writes a field."""
+    return base64.b64encode(np.ascontiguousarray(array, dtype=np.float32).tobytes()).decode("ascii")
+
+
+def butd_tsv_lines(dataset: PreparedDataset, rows: Sequence[int], regions: np.ndarray, boxes: np.ndarray,
+                   counts: np.ndarray, image_size: np.ndarray) -> Iterator[str]:
+    """Bottom-up-attention TSV lines (:data:`BUTD_FIELDS`, tab-separated, newline-terminated) of the
+    dataset rows ``rows``, from their region arrays.
+
+    Args:
+        dataset: the prepared dataset (each image's id: :func:`dataset_keys`, so the file matches back).
+        rows: (B,) dataset rows of the arrays below.
+        regions: (B, k, D) features, padded; boxes (B, k, 4) ``x1, y1, x2, y2`` pixels; counts (B,)
+            real regions of each row; image_size (B, 2) width, height.
+    """
+    key_of = {row: key for key, row in dataset_keys(dataset).items()}
+    for b, row in enumerate(rows):
+        n = int(counts[b])
+        width, height = (int(v) for v in image_size[b])
+        yield "\t".join((key_of[int(row)], str(width), str(height), str(n), _encode(boxes[b, :n]),
+                          _encode(regions[b, :n]))) + "\n"

@@ -94,3 +94,59 @@ def test_padded_region_rows_come_with_their_counts(tmp_path, capsys) -> None:
     for row, cid in enumerate((391895, 522418, 184613)):
         np.testing.assert_array_equal(ims[row, :counts[row]], regions[cid][1])
         assert (ims[row, counts[row]:] == 0).all()
+
+
+def read_butd_like_the_peer(path: Path) -> dict[str, tuple[int, int, int, np.ndarray, np.ndarray]]:
+    """bottom-up-attention's reader, from its description: csv.DictReader over the tab-separated fields
+    (field size limit raised), boxes and features base64 float32 reshaped to (num_boxes, -1)."""
+    import base64
+    import csv
+    import sys
+
+    fields = ["image_id", "image_w", "image_h", "num_boxes", "boxes", "features"]
+    before = csv.field_size_limit(sys.maxsize)
+    try:
+        with open(path, newline="") as fh:
+            out = {}
+            for item in csv.DictReader(fh, delimiter="\t", fieldnames=fields):
+                n = int(item["num_boxes"])
+                boxes = np.frombuffer(base64.b64decode(item["boxes"]), dtype=np.float32).reshape(n, 4)
+                feats = np.frombuffer(base64.b64decode(item["features"]), dtype=np.float32).reshape(n, -1)
+                out[item["image_id"]] = (int(item["image_w"]), int(item["image_h"]), n, boxes, feats)
+    finally:
+        csv.field_size_limit(before)
+    return out
+
+
+def test_a_region_store_round_trips_through_butd_tsv_bit_for_bit(tmp_path, capsys) -> None:
+    from features.store import FeatureStore
+
+    names = [f"COCO_val2014_{i:012d}.jpg" for i in (391895, 522418, 184613, 318219)]
+    data = _dataset(tmp_path, names, ["train", "train", "val", "test"])
+    rng = np.random.default_rng(5)
+    regions = {cid: _regions(rng, n, 8) for cid, n in ((391895, 6), (522418, 2), (184613, 4))}
+    _write_tsv(tmp_path / "in.tsv", [(cid, 640 + n, 480 - n, *regions[cid])
+                                     for n, cid in enumerate(regions)])  # 318219 missing: invalid
+    store = tmp_path / "a.zarr"
+    assert main(["import", "--format", "butd-tsv", "--tsv", str(tmp_path / "in.tsv"), "--data",
+                 str(data.root), "--out", str(store)]) == 0
+    assert main(["export", "--store", str(store), "--data", str(data.root), "--format", "butd-tsv",
+                 "--out", str(tmp_path / "out.tsv")]) == 2  # a failed image: refused by default
+    assert "--allow-invalid" in capsys.readouterr().err
+    assert main(["export", "--store", str(store), "--data", str(data.root), "--format", "butd-tsv",
+                 "--allow-invalid", "--out", str(tmp_path / "out.tsv")]) == 0
+    # the peer's reader decodes the toolkit's file to the original arrays
+    peer = read_butd_like_the_peer(tmp_path / "out.tsv")
+    assert sorted(peer) == sorted(str(c) for c in regions)
+    for n, (cid, (boxes, feats)) in enumerate(regions.items()):
+        w, h, count, got_boxes, got_feats = peer[str(cid)]
+        assert (w, h, count) == (640 + n, 480 - n, len(boxes))
+        np.testing.assert_array_equal(got_boxes, boxes)
+        np.testing.assert_array_equal(got_feats, feats)
+    # and the toolkit reads it back to the same store arrays, bit for bit
+    again = tmp_path / "b.zarr"
+    assert main(["import", "--format", "butd-tsv", "--tsv", str(tmp_path / "out.tsv"), "--data",
+                 str(data.root), "--out", str(again)]) == 0
+    a, b = FeatureStore(store), FeatureStore(again)
+    for name in ("regions", "boxes", "counts", "image_size", "valid", "imgid"):
+        np.testing.assert_array_equal(np.asarray(b.array(name)[:]), np.asarray(a.array(name)[:]), name)
