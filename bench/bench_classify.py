@@ -41,10 +41,10 @@ from typing import Any
 
 import numpy as np
 
-from prep import console
 from prep.pipelines import get_pipeline
 from prep.textcls import TextClsDataset
 from train.analysis import add_character_noise, caption_alphabet
+from vsecore import console
 
 MODELS = ("chain-v1", "chain-v2", "word-gru", "fasttext")
 #: fastText's AG News settings (its classification-results.sh), one thread

@@ -34,11 +34,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from features.cli import resolve_device, run_features  # noqa: E402
+from features.cli import run_features  # noqa: E402
 from features.crops import image_crops  # noqa: E402
 from features.images import load_image  # noqa: E402
 from features.mapper import ImageMapper  # noqa: E402
 from prep.pipelines import FeaturesSection  # noqa: E402
+from vsecore.device import resolve_device  # noqa: E402
 
 
 def make_dataset(folder: Path, images: list[Path]) -> Path:
@@ -136,7 +137,7 @@ def main() -> None:
     if args.verify_rows:
         bench_verify(args.verify_rows, args.verify_width, block=256)
         return
-    device = resolve_device(args.device)
+    device = str(resolve_device(args.device))
     paths = sorted(args.images_dir.glob("*.jpg"))[:args.images]
     if not paths:
         raise SystemExit(f"no .jpg images in {args.images_dir}")

@@ -33,7 +33,8 @@ from prep.pipelines import TrainSection  # noqa: E402
 from train.data import ImageRows, TextCodec  # noqa: E402
 from train.models.vse import build_model  # noqa: E402
 from train.similarity import similarity  # noqa: E402
-from train.trainer import embed_codes, embed_images, resolve_device  # noqa: E402
+from train.trainer import embed_codes, embed_images  # noqa: E402
+from vsecore.device import resolve_device  # noqa: E402
 
 
 def random_word_captions(n: int, vocab: int, word_length: int, seed: int) -> tuple[list[np.ndarray],

@@ -83,8 +83,8 @@ def end_to_end(trees: list[Path], work: Path, images: int, rows: int, width: int
 def checks_alone(work: Path, coco_sample: Path | None) -> None:
     """Per-call cost of the checks on the normal path, in this process."""
     from prep.cli import find_missing_images
-    from prep.outputs import check_output_file, check_output_folder
     from prep.tokenize import lone_surrogate, strip_controls, tokenize
+    from vsecore.outputs import check_output_file, check_output_folder
 
     n = 2000
     start = time.perf_counter()

@@ -26,7 +26,8 @@ from prep.pipelines import TrainSection  # noqa: E402
 from train.data import CaptionSet, ImageRows, TextCodec  # noqa: E402
 from train.models.vse import build_model  # noqa: E402
 from train.objectives import ContrastiveObjective  # noqa: E402
-from train.trainer import Trainer, resolve_device  # noqa: E402
+from train.trainer import Trainer  # noqa: E402
+from vsecore.device import resolve_device  # noqa: E402
 
 MODELS = {
     "chain-v1-p1": {"family": "chain", "version": "v1", "p": 1.0},

@@ -30,8 +30,8 @@ import torch
 from torch import nn
 
 from features import weights as W
-from prep.errors import UserError
-from prep.io import sha256_file
+from vsecore.errors import UserError
+from vsecore.io import sha256_file
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -94,7 +94,7 @@ def load_backbone(
 
     ``input_size`` / ``resize`` override the network's crop size and shorter-side scale. ``seed`` fixes the
     random initialisation (drawn in a forked RNG: the global torch RNG is left untouched).
-    Raises :class:`prep.errors.UserError` for unknown names, missing or mismatching weights.
+    Raises :class:`vsecore.errors.UserError` for unknown names, missing or mismatching weights.
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -4,7 +4,7 @@
 ``features regions`` (grid cells of a CNN's feature map, or Faster R-CNN boxes: :mod:`features.regions`),
 ``features export`` / ``features import`` (VSE++/SCAN precomp ``.npy``, SCAN region precomp,
 bottom-up-attention TSV, HDF5), ``features verify`` (integrity of a store's finished blocks). Every
-command that writes a store holds its lock (:func:`prep.io.exclusive_lock`) for its whole run.
+command that writes a store holds its lock (:func:`vsecore.io.exclusive_lock`) for its whole run.
 Settings merge as everywhere: explicit options > ``--pipeline`` > the schema defaults in
 :mod:`prep.pipelines`.
 """
@@ -29,9 +29,10 @@ from features.extract import ExtractSummary, Mapper, extract, finish_fne, retry_
 from features.images import check_sizes
 from features.store import WRITE_ERRNOS, FeatureStore, blocks_kept, probe_writable
 from prep.dataset import DATASET_FILE, PreparedDataset
-from prep.errors import DEVICE_HELP, UserError, add_common_options, run_cli
-from prep.io import exclusive_lock, sha256_file
 from prep.pipelines import FeaturesSection, add_pipeline_arguments, stage_settings
+from vsecore.device import DEVICE_HELP, resolve_device
+from vsecore.errors import UserError, add_common_options, run_cli
+from vsecore.io import exclusive_lock, sha256_file
 
 PROG = "features"
 #: the network of ``features regions --detector grid`` when no --cnn is given: its ImageNet weights install
@@ -39,13 +40,6 @@ PROG = "features"
 GRID_CNN = "efficientnet_lite0"
 #: mapper settings that change speed, not the stored numbers (left out of a region store's config)
 SPEED_KEYS = ("batch_size", "device", "threads", "allow_download")
-
-
-def resolve_device(device: str) -> str:
-    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; ``cuda`` without a GPU is an error."""
-    from features.mapper import resolve_device as _resolve
-
-    return str(_resolve(device))
 
 
 @dataclass(frozen=True)
@@ -87,7 +81,7 @@ class ImageMapperFactory:
         from features.mapper import ImageMapper
 
         config = self.config
-        config["device"] = resolve_device(config["device"])
+        config["device"] = str(resolve_device(config["device"]))
         if config.get("kind") == "regions":
             from features.regions import build_region_mapper
 
@@ -230,7 +224,7 @@ def _extract_locked(settings: FeaturesSection, dataset: PreparedDataset, out: Pa
     # On a cluster the driver's copy only describes the model, so it stays on the CPU, and
     # ``auto`` is resolved by each worker (the driver may have no GPU).
     if in_process:
-        factory = driver = ImageMapperFactory.from_settings(settings, resolve_device(settings.device))
+        factory = driver = ImageMapperFactory.from_settings(settings, str(resolve_device(settings.device)))
     else:
         factory = ImageMapperFactory.from_settings(settings)
         driver = ImageMapperFactory.from_settings(settings, "cpu")

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from types import FrameType
 
-from prep.errors import Terminated  # the one SIGTERM exception of every command (run_cli's too)
+from vsecore.errors import Terminated  # the one SIGTERM exception of every command (run_cli's too)
 
 #: exit status of a command ended by SIGINT / SIGTERM (128 + the signal number, as a shell reports it)
 EXIT_SIGINT, EXIT_SIGTERM = 130, 143
@@ -48,7 +48,7 @@ def exit_status(exc: KeyboardInterrupt) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``features`` command and of ``python -m features``."""
-    from prep import interrupted_while_loading
+    from vsecore.errors import interrupted_while_loading
 
     with signal_handlers():
         with interrupted_while_loading("features"):

@@ -33,7 +33,7 @@ from features.extract import (
     read_block,
     run_block,
 )
-from prep.errors import UserError
+from vsecore.errors import UserError
 
 # One cache per process (a Dask worker process, or the driver in-process): the model is expensive
 # to load and the cache key is the mapper's full configuration, so a different model never hits.

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from features.store import ARRAY_CONFIG, FeatureStore
-from prep import console
-from prep.errors import UserError
+from vsecore import console
+from vsecore.errors import UserError
 
 
 class Mapper(Protocol):

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from features.store import FeatureStore, parse_spec
-from prep.errors import UserError
+from vsecore.errors import UserError
 
 
 class StoreFeaturizer:
@@ -30,7 +30,8 @@ class StoreFeaturizer:
     """
 
     def __init__(self, spec: str, device: str = "cpu") -> None:
-        from features.mapper import ImageMapper, resolve_device
+        from features.mapper import ImageMapper
+        from vsecore.device import resolve_device
 
         path, key = parse_spec(spec)
         self.store = FeatureStore(path)

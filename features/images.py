@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from prep.errors import UserError
+from vsecore.errors import UserError
 
 #: Default pixel limit: PIL's own warning level (about 89.5 Mpx, i.e. 0.25 GiB at 24 bit); a 10000x8000
 #: photo (80 Mpx) is still accepted.
@@ -56,7 +56,7 @@ MAX_RESIZE = 4096
 class ImageError(UserError):
     """An image file that cannot be used; ``reason`` is short (``"truncated file"``), ``path`` names it.
 
-    A subclass of :class:`prep.errors.UserError`, so that ``--on-error fail`` reports it in one line.
+    A subclass of :class:`vsecore.errors.UserError`, so that ``--on-error fail`` reports it in one line.
     """
 
     def __init__(self, reason: str, path: str | Path | None = None) -> None:

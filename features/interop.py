@@ -34,11 +34,11 @@ from features.store import (
     row_shape,
     stored_region_counts,
 )
-from prep import console
 from prep.dataset import DATASET_FILE, SPLITS, PreparedDataset
-from prep.errors import UserError
-from prep.io import atomic_file, deferred_interrupts, exclusive_lock, sha256_file, write_json_atomic
-from prep.outputs import check_output_file, check_output_folder
+from vsecore import console
+from vsecore.errors import UserError
+from vsecore.io import atomic_file, deferred_interrupts, exclusive_lock, sha256_file, write_json_atomic
+from vsecore.outputs import check_output_file, check_output_folder
 
 #: what ``features export --format`` writes
 EXPORT_FORMATS = ("precomp", "hdf5", "butd-tsv")
@@ -110,7 +110,7 @@ def precomp_captions(captions: list[list[str]], keep: int | None, where: str
 @contextlib.contextmanager
 def _naming(path: Path) -> Iterator[None]:
     """An ``OSError`` without a file name (a write into an open file: a full disk) names ``path``,
-    the file being written, so that :func:`prep.errors.run_cli` can say where in one line."""
+    the file being written, so that :func:`vsecore.errors.run_cli` can say where in one line."""
     try:
         yield
     except OSError as exc:
@@ -138,12 +138,12 @@ def export_store(spec: str, data: str | os.PathLike, fmt: str, out: str | os.Pat
                  overwrite: bool = False, captions_per_image: int | None = None) -> list[Path]:
     """Write a finished store as precomp ``.npy`` files (``fmt="precomp"``) or one HDF5 file.
 
-    The output is checked first with :mod:`prep.outputs` (never the store, the prepared dataset or
+    The output is checked first with :mod:`vsecore.outputs` (never the store, the prepared dataset or
     anything inside them or inside another toolkit artifact; an existing file of the same name only
     with ``overwrite``). Rows of failed images are refused (they would be NaN in another codebase)
     unless ``allow_invalid``; so is a store made for another prepared dataset than ``data``
     (:func:`features.store.check_store_matches`). Every file is written atomically
-    (:func:`prep.io.atomic_file`). A precomp split whose images do not all have 5 (or all 1) captions
+    (:func:`vsecore.io.atomic_file`). A precomp split whose images do not all have 5 (or all 1) captions
     is refused unless ``captions_per_image`` names the policy of :func:`precomp_captions`; a region
     store's padded rows come with ``{name}_counts.npy`` (and a warning when the counts vary). Returns
     the files written.

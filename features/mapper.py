@@ -20,24 +20,10 @@ from PIL import Image
 from features.backbones import Backbone, load_backbone
 from features.crops import image_crops
 from features.fne import FullNetworkRecorder
-from prep.errors import UserError
+from vsecore.device import resolve_device
+from vsecore.errors import UserError
 
 KINDS = ("global", "fne")
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``"auto"``/``None`` -> CUDA when available, else CPU; ``"cuda"`` without a GPU is a UserError."""
-    if device is None or str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise UserError(f"--device {device}: not a device (auto, cpu, cuda or cuda:N)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda was asked for, but no CUDA GPU is available")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise UserError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    return dev
 
 
 @contextmanager

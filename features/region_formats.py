@@ -44,7 +44,7 @@ from typing import Protocol
 import numpy as np
 
 from prep.dataset import PreparedDataset
-from prep.errors import UserError
+from vsecore.errors import UserError
 
 #: the fields of a bottom-up-attention TSV line, in order
 BUTD_FIELDS = ("image_id", "image_w", "image_h", "num_boxes", "boxes", "features")

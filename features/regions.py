@@ -71,8 +71,9 @@ from torch import nn
 
 from features.backbones import Backbone, VGGFc7, load_backbone
 from features.crops import to_normalized_tensor
-from features.mapper import pinned_threads, resolve_device
-from prep.errors import UserError
+from features.mapper import pinned_threads
+from vsecore.device import resolve_device
+from vsecore.errors import UserError
 
 DETECTORS = ("grid", "fasterrcnn")
 #: the one Faster R-CNN network supported, and its torchvision COCO weights (``--weights coco``)
@@ -316,7 +317,7 @@ class DetectorRegionMapper:
                  seed: int = 0, score_threshold: float = SCORE_THRESHOLD, nms_iou: float = NMS_IOU,
                  threads: int | None = None) -> None:
         from features import weights as W
-        from prep.io import sha256_file
+        from vsecore.io import sha256_file
 
         if min_boxes < 1 or max_boxes < min_boxes:
             raise UserError(f"need 1 <= --min-boxes <= --max-boxes, got {min_boxes} and {max_boxes}")

@@ -57,8 +57,8 @@ import zarr
 
 import prep
 from prep.dataset import DATASET_FILE, PreparedDataset
-from prep.errors import UserError
-from prep.io import atomic_directory, sha256_file
+from vsecore.errors import UserError
+from vsecore.io import atomic_directory, sha256_file
 
 #: version of the on-disk layout written into the store's attributes
 STORE_FORMAT = 1
@@ -508,7 +508,7 @@ class FeatureStore:
         A ``rewriting`` marker without a live lock holder was left by a killed writer: each of its
         steps leaves the store readable (:meth:`replace_ternary`), so it does not stop readers.
         """
-        from prep.io import lock_holder
+        from vsecore.io import lock_holder
 
         state = state or self.state()
         if state.rewriting or not state.complete:
@@ -523,7 +523,7 @@ class FeatureStore:
 
     def check_unchanged(self, before: StoreState) -> None:
         """A one-line UserError if the store changed since ``before`` (a rewrite overlapped a read)."""
-        from prep.io import lock_holder
+        from vsecore.io import lock_holder
 
         if self.state().generation != before.generation:
             holder = lock_holder(self.path)

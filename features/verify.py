@@ -36,8 +36,8 @@ import numpy as np
 
 from features.store import TERNARY, FeatureStore, check_store_matches
 from prep.dataset import PreparedDataset
-from prep.errors import UserError
-from prep.io import exclusive_lock
+from vsecore.errors import UserError
+from vsecore.io import exclusive_lock
 
 #: arrays derived from fne/raw after all blocks are in (damage there needs no re-extraction)
 DERIVED = (TERNARY, "fne/mean", "fne/std")

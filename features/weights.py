@@ -2,7 +2,7 @@
 
 Nothing is downloaded unless ``allow_download=True``: ImageNet weights come from the local torchvision
 cache (``$TORCH_HOME/hub/checkpoints``) or the Hugging Face hub cache used by timm, and a missing file is a
-:class:`prep.errors.UserError` that says which file to put where.
+:class:`vsecore.errors.UserError` that says which file to put where.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from prep.errors import UserError
+from vsecore.errors import UserError
 
 
 def torchvision_checkpoint(url: str, allow_download: bool, what: str = "ImageNet weights") -> Path:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from prep import interrupted_while_loading
+from vsecore.errors import interrupted_while_loading
 
 # Ctrl-C while these modules load (a fifth of a second, mostly pydantic) ends like any other
 # interruption of prep: one line and status 130, for `python -m prep` and for the `prep` script alike.
@@ -28,8 +28,7 @@ with interrupted_while_loading("prep"):
     from pathlib import Path, PurePosixPath, PureWindowsPath
     from typing import Any
 
-    from prep import __version__, console
-    from prep.console import progress
+    from prep import __version__
     from prep.dataset import (
         CHARS_FILE,
         DATASET_FILE,
@@ -41,19 +40,21 @@ with interrupted_while_loading("prep"):
         foreign_entries,
         is_prepared_dataset,
     )
-    from prep.errors import UserError, add_common_options, run_cli
-    from prep.io import (
+    from prep.pipelines import PrepSection, add_pipeline_arguments, stage_settings
+    from prep.sources import RawCaption, RawDataset, RawImage
+    from prep.tokenize import lone_surrogate, normalize, strip_controls, tokenize, transliterate
+    from prep.vocab import build_char_vocabulary, build_word_vocabulary, check_coverage
+    from vsecore import console
+    from vsecore.console import progress
+    from vsecore.errors import UserError, add_common_options, run_cli
+    from vsecore.io import (
         atomic_directory,
         exclusive_lock,
         remove_stale_siblings,
         sha256_file,
         write_json_atomic,
     )
-    from prep.outputs import check_output_folder
-    from prep.pipelines import PrepSection, add_pipeline_arguments, stage_settings
-    from prep.sources import RawCaption, RawDataset, RawImage
-    from prep.tokenize import lone_surrogate, normalize, strip_controls, tokenize, transliterate
-    from prep.vocab import build_char_vocabulary, build_word_vocabulary, check_coverage
+    from vsecore.outputs import check_output_folder
 
 #: how many dropped captions / missing images are listed by name in the summary and ``prep.json``
 LIST_FIRST = 10
@@ -451,7 +452,7 @@ def run_prep(settings: PrepSection, overwrite: bool = False) -> Path:
 
     ``--out`` is checked first (:func:`check_out`, :func:`check_not_input`; the source is read
     before anything is written, so that its files and images folder are checked too), then
-    written under :func:`prep.io.exclusive_lock`: a second ``prep`` on the same folder is an
+    written under :func:`vsecore.io.exclusive_lock`: a second ``prep`` on the same folder is an
     error, and this one removes the temporary folders that killed runs left next to it.
     """
     if settings.dataset == "textcls":  # text classification: its own format (prep.textcls)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prep.errors import UserError
+from vsecore.errors import UserError
 
 DATASET_FILE = "dataset.json"
 CHARS_FILE = "chars.json"
@@ -295,7 +295,7 @@ def changed_inputs(record: dict[str, Any]) -> list[str]:
     An input is changed when it is missing, or its size or SHA-256 differs from the record (the
     size is compared first, so an edit that changes it costs no checksum).
     """
-    from prep.io import sha256_file
+    from vsecore.io import sha256_file
 
     changed = []
     for item in record.get("inputs", []):

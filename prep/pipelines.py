@@ -2,7 +2,7 @@
 
 A pipeline has up to four sections, one per stage: ``prep``, ``features``, ``train`` and
 ``evaluate``. Each section is a schema below (pydantic, ``extra="forbid"``): an unknown key, a
-wrong type or a missing required field is a :class:`~prep.errors.UserError` that names the file,
+wrong type or a missing required field is a :class:`~vsecore.errors.UserError` that names the file,
 the pipeline and the key.
 
 The schemas are also the single source of the stage commands' defaults. A stage command parses
@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from prep.errors import UserError
+from vsecore.errors import UserError
 
 DATASETS = ("coco", "f8k", "f30k", "multi30k", "yjcaptions", "synthetic", "karpathy", "textcls")
 FAMILIES = ("chain", "oecc", "seam", "vse", "clmr", "liwe")

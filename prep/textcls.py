@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from prep import __version__, console
+from prep import __version__
 from prep.dataset import (
     CHARS_FILE,
     DATASET_FILE,
@@ -44,12 +44,13 @@ from prep.dataset import (
     Vocabulary,
     load_vocabulary,
 )
-from prep.errors import UserError
-from prep.io import atomic_directory, exclusive_lock, remove_stale_siblings, sha256_file, write_json_atomic
 from prep.pipelines import PrepSection
 from prep.sources.textcls import RawText, read_classes, read_generic, read_zhang_csv
 from prep.tokenize import normalize
 from prep.vocab import build_char_vocabulary, build_word_vocabulary
+from vsecore import console
+from vsecore.errors import UserError
+from vsecore.io import atomic_directory, exclusive_lock, remove_stale_siblings, sha256_file, write_json_atomic
 
 TASK = "textcls"
 
@@ -146,8 +147,8 @@ def _tokenize(texts: list[str], langs: list[str], lowercase: bool, wheres: list[
     """``(text, tokens)`` per row: en/de/ja as :mod:`prep.tokenize` (ja romanized), other languages with
     spaCy's blank tokenizer of that language (``wheres``: each row's ``FILE:LINE``, for the error of a
     language without one)."""
-    from prep.console import progress
     from prep.tokenize import SUPPORTED, _blank, tokenize, transliterate
+    from vsecore.console import progress
 
     out: list[Any] = [None] * len(texts)
     with progress(total=len(texts), desc="tokenizing", unit="text") as bar:

@@ -14,7 +14,7 @@ import unicodedata
 from collections.abc import Iterable, Sequence
 from functools import cache
 
-from prep.errors import UserError
+from vsecore.errors import UserError
 
 SUPPORTED = ("en", "de", "ja")
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from prep.dataset import PAD, UNK
-from prep.errors import UserError
+from vsecore.errors import UserError
 
 #: share of the train split's occurrences that may fall out of a vocabulary (to ``<unk>``) before prep warns
 UNKNOWN_WARN_SHARE = 0.05

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from prep.errors import UserError
 from train.analysis import (
     add_character_noise,
     alphabet_from_chars_json,
@@ -22,6 +21,7 @@ from train.analysis import (
     plot_noise,
 )
 from train.evaluate import ground_truth_ranks, metrics_from_ranks, select_image_rows, vsepp_caption_image
+from vsecore.errors import UserError
 
 DIM = 512
 

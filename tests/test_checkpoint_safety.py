@@ -18,7 +18,6 @@ import torch
 from test_data import make_prepared, make_store
 from test_trainer import TINY, assert_same_weights, metrics_without_timings, train_cli
 
-from prep.errors import UserError
 from train import checkpoint, fit
 from train.checkpoint import (
     FORMAT,
@@ -30,6 +29,7 @@ from train.checkpoint import (
 )
 from train.cli import main as train_main
 from train.runs import load_run
+from vsecore.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -286,7 +286,7 @@ def test_export_model_gives_the_same_rankings_and_evaluation(trained, tmp_path, 
     assert {p.name for p in model.iterdir()} == {"model.json", "weights.safetensors"}
     meta = json.loads((model / "model.json").read_text())
     assert meta["family"] == "chain" and meta["vocab_size"] == len(meta["vocabulary"]["symbols"])
-    from prep.io import sha256_file
+    from vsecore.io import sha256_file
 
     assert meta["sha256"]["weights.safetensors"] == sha256_file(model / "weights.safetensors")
     capsys.readouterr()

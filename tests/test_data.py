@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from prep.dataset import PreparedDataset
-from prep.errors import UserError
 from prep.vocab import build_char_vocabulary, build_word_vocabulary
 from train.data import (
     encode_text,
@@ -25,6 +24,7 @@ from train.data import (
     text_codec,
     word_vocabulary,
 )
+from vsecore.errors import UserError
 
 COLOURS = ("red", "green", "blue", "yellow")
 THINGS = ("dog", "cat", "bus", "kite", "man", "boat")

@@ -13,7 +13,6 @@ import torch
 
 import train.evaluate as ev
 import train.similarity as similarity_module
-from prep.errors import UserError
 from train.cli import main as train_main
 from train.evaluate import (
     TileStats,
@@ -28,6 +27,7 @@ from train.evaluate import (
 )
 from train.report import format_results, results_json
 from train.similarity import similarity
+from vsecore.errors import UserError
 
 # --------------------------------------------------------------------------- naive reference
 

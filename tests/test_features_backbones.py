@@ -14,7 +14,7 @@ from features.backbones import load_backbone
 from features.crops import image_crops
 from features.images import load_image
 from features.mapper import ImageMapper
-from prep.errors import UserError
+from vsecore.errors import UserError
 
 SKI, DOGS = 795, range(151, 269)  # ImageNet class indices: "ski", and the dog breeds
 

@@ -19,7 +19,7 @@ import pytest
 
 from features.cli import main
 from features.interop import import_npy
-from prep.io import _host_tag
+from vsecore.io import _host_tag
 
 ROOT = Path(__file__).resolve().parents[1]
 N_TRAIN, N_TEST, WIDTH = 8, 4, 16
@@ -274,8 +274,8 @@ def test_hdf5_import_refuses_complex_features(work, capsys):
 
 
 def test_deferred_interrupts_raise_at_check_and_restore_handlers():
-    from prep.errors import Terminated
-    from prep.io import deferred_interrupts
+    from vsecore.errors import Terminated
+    from vsecore.io import deferred_interrupts
 
     before = signal.getsignal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt), deferred_interrupts() as interrupts:

@@ -26,8 +26,8 @@ from features.extract import extract, finish_fne
 from features.store import TERNARY, TERNARY_NEW, TERNARY_OLD, FeatureStore, check_store_matches, read_matrix
 from features.verify import check_files, verify_store
 from prep.dataset import PreparedDataset
-from prep.errors import UserError
-from prep.io import lock_path
+from vsecore.errors import UserError
+from vsecore.io import lock_path
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -101,7 +101,7 @@ def test_store_records_images_sha256_and_export_checks_it(data, other_images, ot
 
 
 def test_identity_falls_back_for_older_stores(data, other_images, other_captions, tmp_path):
-    from prep.io import sha256_file
+    from vsecore.io import sha256_file
 
     sha = sha256_file(data / "dataset.json")
     old = new_store(tmp_path / "old.zarr", 8, block=4, config={"cnn": "colour", "dataset_sha256": sha})
@@ -117,7 +117,7 @@ def test_identity_falls_back_for_older_stores(data, other_images, other_captions
 
 # -- 7: writer locks ----------------------------------------------------------------------------
 def hold_lock(target: Path) -> subprocess.Popen:
-    code = ("import time; from prep.io import exclusive_lock\n"
+    code = ("import time; from vsecore.io import exclusive_lock\n"
             f"with exclusive_lock({str(target)!r}, 'the feature store'):\n"
             "    print('held', flush=True); time.sleep(120)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,

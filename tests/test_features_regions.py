@@ -33,7 +33,7 @@ from features.regions import (
     select_regions,
 )
 from prep.dataset import PreparedDataset
-from prep.errors import UserError
+from vsecore.errors import UserError
 
 # small Faster R-CNN settings: random weights, a small input scale, so a test image takes about a second
 SMALL_DETECTOR = {"weights": "none", "min_size": 160, "max_size": 256, "proposals": 300}

@@ -26,7 +26,7 @@ from features.regions import GridRegionMapper
 from features.store import FeatureStore, read_matrix, read_regions
 from features.verify import verify_store
 from prep.dataset import PreparedDataset
-from prep.errors import UserError
+from vsecore.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = ["--weights", "none", "--input-size", "64", "--device", "cpu", "--no-progress", "--threads", "1"]

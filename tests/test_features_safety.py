@@ -18,7 +18,7 @@ from test_features_store import make_prepared
 from features.cli import main
 from features.images import ImageError, load_image
 from features.store import FeatureStore, read_matrix
-from prep.errors import UserError
+from vsecore.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -140,7 +140,7 @@ def test_verify_recomputes_train_statistics_with_the_dataset(fne_store, data):
 
 # -- issue 16 item 6: lock files follow symlinks -------------------------------------------------------
 def test_features_refuses_a_symlink_planted_at_the_lock(data, tmp_path, capsys):
-    from prep.io import lock_path
+    from vsecore.io import lock_path
 
     out = tmp_path / "s.zarr"
     victim = tmp_path / "victim.txt"
@@ -258,7 +258,7 @@ def test_reader_racing_overwrite_sees_one_version_or_is_told(tmp_path):
     turn = iter(range(10**9))
 
     def writer():
-        from prep.io import exclusive_lock
+        from vsecore.io import exclusive_lock
 
         with exclusive_lock(path, "the feature store"):
             synthetic_fne_store(path, seed=next(turn) % 2, block=8)

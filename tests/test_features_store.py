@@ -19,7 +19,7 @@ from features.extract import block_tasks, extract, finish_fne, run_block, write_
 from features.fne import fne_statistics, ternarize
 from features.images import load_image
 from features.store import FeatureStore, parse_spec, read_matrix
-from prep.errors import UserError
+from vsecore.errors import UserError
 
 
 def make_prepared(root: Path, coco_sample: Path, n: int, splits: list[str] | None = None,

@@ -13,9 +13,9 @@ from features.cli import build_parser as features_parser
 from features.cli import main as features_main
 from prep.cli import build_parser as prep_parser
 from prep.cli import main as prep_main
-from prep.errors import DEVICE_HELP
 from train.cli import build_parser as train_parser
 from train.cli import main as train_main
+from vsecore.device import DEVICE_HELP
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, tuple[argparse.ArgumentParser, str]]:

@@ -6,13 +6,13 @@ import sys
 
 import pytest
 
-from prep.errors import UserError
-from prep.io import atomic_directory, atomic_file, exclusive_lock, lock_path, write_json_atomic
+from vsecore.errors import UserError
+from vsecore.io import atomic_directory, atomic_file, exclusive_lock, lock_path, write_json_atomic
 
 
 def test_second_writer_refused_and_stale_lock_taken_over(tmp_path):
     target = tmp_path / "store.zarr"
-    code = ("import sys,time; from prep.io import exclusive_lock\n"
+    code = ("import sys,time; from vsecore.io import exclusive_lock\n"
             f"with exclusive_lock({str(target)!r}):\n    print('held', flush=True); time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"

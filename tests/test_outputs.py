@@ -1,5 +1,5 @@
-"""The output-path rules (prep.outputs), the one-line disk errors and SIGTERM of run_cli, and the
-removal of dead writers' temporaries (prep.io.atomic_file)."""
+"""The output-path rules (vsecore.outputs), the one-line disk errors and SIGTERM of run_cli, and the
+removal of dead writers' temporaries (vsecore.io.atomic_file)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from prep.errors import UserError, resume_hint, run_cli
-from prep.io import _host_tag, atomic_file
-from prep.outputs import PREPARED, RUN, STORE, artifact_kind, check_output_file, check_output_folder
+from vsecore.errors import UserError, resume_hint, run_cli
+from vsecore.io import _host_tag, atomic_file
+from vsecore.outputs import PREPARED, RUN, STORE, artifact_kind, check_output_file, check_output_folder
 
 
 def _artifacts(tmp_path: Path) -> dict[str, Path]:
@@ -107,8 +107,8 @@ def test_other_os_errors_keep_their_traceback() -> None:
 def test_sigterm_runs_cleanups_and_is_one_line(tmp_path: Path) -> None:
     code = f"""
 import os, signal, sys
-from prep.errors import run_cli
-from prep.io import atomic_file
+from vsecore.errors import run_cli
+from vsecore.io import atomic_file
 def main(argv):
     with atomic_file({str(tmp_path / 'out.bin')!r}) as fh:
         fh.write(b'x' * 10)

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from prep.dataset import PreparedDataset
-from prep.errors import UserError
 from prep.pipelines import (
     FeaturesSection,
     TrainSection,
@@ -17,6 +16,7 @@ from prep.pipelines import (
     load_pipelines,
     stage_settings,
 )
+from vsecore.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 

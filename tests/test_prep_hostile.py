@@ -18,7 +18,7 @@ import pytest
 
 from prep.cli import main
 from prep.dataset import PreparedDataset
-from prep.errors import UserError
+from vsecore.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 DEEP = "[" * 100_000 + "]" * 100_000

@@ -15,7 +15,7 @@ import pytest
 import prep.cli
 from prep.cli import main
 from prep.dataset import MARKER_FILE, PreparedDataset, is_prepared_dataset
-from prep.io import stale_siblings
+from vsecore.io import stale_siblings
 
 ROOT = Path(__file__).resolve().parents[1]
 SYNTH = ["synthetic", "--num-images", "12", "--image-size", "32", "--languages", "en"]

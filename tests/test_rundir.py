@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from test_data import make_prepared, make_store
 
-from prep.errors import run_cli
-from prep.outputs import RUN_MARKER
 from train.cli import build_parser
 from train.rundir import RunDir, is_eval_file
+from vsecore.errors import run_cli
+from vsecore.outputs import RUN_MARKER
 
 TINY = ["--p", "0.125", "--d", "32", "--batch-size", "4", "--seed", "3", "--device", "cpu"]
 

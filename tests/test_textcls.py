@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from prep.cli import main as prep_main
-from prep.errors import UserError
 from prep.sources.textcls import read_generic, read_zhang_csv
 from prep.textcls import TextClsDataset, stratified_take
 from train.cli import main as train_main
 from train.textcls_metrics import classification_metrics, confusion_matrix
+from vsecore.errors import UserError
 
 CLASSES = "World\nSports\n"
 #: a tiny classifier: CHAIN-VSE v1 with 16 filters per stream, short texts

@@ -18,7 +18,6 @@ import torch
 from test_trainer import assert_same_weights, metrics_without_timings, train_cli
 
 from prep.cli import main as prep_main
-from prep.errors import UserError
 from prep.pipelines import TrainSection, load_pipelines
 from train.checkpoint import load_checkpoint
 from train.data import PairBatch, read_region_counts
@@ -26,6 +25,7 @@ from train.losses import hard_negative_weight, scheduled_contrastive_loss
 from train.models.registry import with_family_defaults
 from train.objectives import ScheduledContrastiveObjective
 from train.runs import load_run
+from vsecore.errors import UserError
 
 K, DIM = 6, 16
 TINY = ["--d", "16", "--batch-size", "16", "--seed", "1", "--device", "cpu", "--val-images", "6"]

@@ -16,12 +16,12 @@ from test_data import make_prepared, make_store
 from test_trainer import assert_same_weights, metrics_without_timings, train_cli
 
 from prep.dataset import PreparedDataset
-from prep.errors import UserError
 from prep.pipelines import TrainSection
 from train import fit
 from train.checkpoint import load_checkpoint
 from train.models.registry import model_spec, with_family_defaults
 from train.objectives import CurriculumObjective, build_objective
+from vsecore.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

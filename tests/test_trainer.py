@@ -20,10 +20,10 @@ import pytest
 import torch
 from test_data import make_prepared, make_store
 
-from prep.errors import UserError, run_cli
 from train import fit
 from train.checkpoint import load_checkpoint
 from train.runs import embed_split, encode_texts, load_run
+from vsecore.errors import UserError, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMING_KEYS = {"time_s", "train_time_s", "val_time_s", "captions_per_s"}
@@ -31,7 +31,7 @@ TINY = ["--p", "0.125", "--d", "32", "--batch-size", "4", "--seed", "3", "--devi
 #: runs ``train`` with only the family subcommands of train.fit (the subject of these tests)
 RUNNER = """
 import argparse, sys
-from prep.errors import run_cli
+from vsecore.errors import run_cli
 from train import fit
 def main(argv):
     parser = argparse.ArgumentParser(prog="train")
@@ -219,7 +219,7 @@ def test_a_second_trainer_on_one_run_directory_is_refused(data, tmp_path, capsys
     prepared, features = data
     run = tmp_path / "locked"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom prep.io import exclusive_lock\n"
+        [sys.executable, "-c", "import sys, time\nfrom vsecore.io import exclusive_lock\n"
          f"with exclusive_lock({str(run)!r}):\n    print('held', flush=True)\n    time.sleep(60)\n"],
         cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:

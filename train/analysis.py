@@ -28,7 +28,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from prep.errors import UserError
 from train.evaluate import (
     Log,
     RetrievalMetrics,
@@ -36,6 +35,7 @@ from train.evaluate import (
     protocol_folds,
     select_image_rows,
 )
+from vsecore.errors import UserError
 
 #: re-encodes captions: list of M strings -> (M, d) embeddings
 TextEncoder = Callable[[list[str]], "torch.Tensor | np.ndarray"]

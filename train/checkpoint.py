@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from prep.errors import UserError
-from prep.io import atomic_file
+from vsecore.errors import UserError
+from vsecore.io import atomic_file
 
 #: the checkpoint format this code writes and reads (the ``"format"`` key of every checkpoint)
 FORMAT = 2

@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from prep import console
-from prep.errors import UserError
-from prep.io import exclusive_lock
 from train.checkpoint import convert_checkpoint
 from train.runs import add_run_arguments, run_from_arguments
+from vsecore import console
+from vsecore.errors import UserError
+from vsecore.io import exclusive_lock
 
 
 def convert_run_checkpoints(run_dir: str | Path) -> list[tuple[Path, bool]]:

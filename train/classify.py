@@ -25,10 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from prep import console
 from prep.dataset import CHARS_FILE, DATASET_FILE, WORDS_FILE
-from prep.errors import UserError
-from prep.io import exclusive_lock, sha256_file
 from prep.pipelines import ClassifySection
 from prep.textcls import TextClsDataset
 from train.checkpoint import load_checkpoint, remove_stale_temporaries
@@ -42,7 +39,11 @@ from train.runs import (
     write_config,
 )
 from train.textcls_metrics import classification_metrics, format_metrics
-from train.trainer import BEST, METRICS, Trainer, embed_codes, resolve_device, write_evaluation
+from train.trainer import BEST, METRICS, Trainer, embed_codes, write_evaluation
+from vsecore import console
+from vsecore.device import resolve_device
+from vsecore.errors import UserError
+from vsecore.io import exclusive_lock, sha256_file
 
 TASK = "classify"
 TRAIN_LOG = "train.log"

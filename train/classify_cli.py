@@ -11,9 +11,10 @@ import json
 import sys
 from pathlib import Path
 
-from prep import console
-from prep.errors import DEVICE_HELP, HelpFormatter, UserError
 from prep.pipelines import CLASSIFY_ENCODERS, add_pipeline_arguments, stage_settings
+from vsecore import console
+from vsecore.device import DEVICE_HELP
+from vsecore.errors import HelpFormatter, UserError
 
 
 def _classify_command(args: argparse.Namespace) -> int:

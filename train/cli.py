@@ -9,7 +9,7 @@ import argparse
 import importlib
 from collections.abc import Sequence
 
-from prep.errors import add_common_options, run_cli
+from vsecore.errors import add_common_options, run_cli
 
 #: modules that register subcommands, in --help order
 COMMAND_MODULES = ("train.fit", "train.classify_cli", "train.evaluate_cli", "train.query", "train.summary",

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from prep.dataset import PAD_INDEX, PreparedDataset, Vocabulary
-from prep.errors import UserError
+from vsecore.errors import UserError
 
 
 class PairBatch(NamedTuple):

@@ -80,8 +80,9 @@ import numpy as np
 import torch
 
 import train.similarity as similarity_module
-from prep.errors import UserError
 from train.similarity import similarity
+from vsecore.device import resolve_device
+from vsecore.errors import UserError
 
 PROTOCOLS = ("1k", "5cv", "5k", "all")
 #: how messages name the protocols (``train.report`` labels table rows the same way)
@@ -612,22 +613,6 @@ def _check_embeddings(images: torch.Tensor, captions: torch.Tensor,
     return _InputCheck(notes)
 
 
-def _resolve_device(device: str | torch.device | None) -> torch.device:
-    """``auto``/``None`` -> CUDA when available, else CPU; a device torch cannot read, or a CUDA one
-    this machine lacks, is a :class:`UserError`."""
-    if device is None or device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise UserError(f"--device {device}: not a device (auto, cpu, cuda or cuda:N)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda was asked for but no CUDA device is available")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise UserError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    return dev
-
-
 def _order_kernel_options(measure: str, device: torch.device, dim: int, work: int, order_kernel: str,
                           log: Log) -> dict[str, bool | None]:
     """``fused`` / ``compile`` arguments of the order violation for every tile of one evaluation.
@@ -726,7 +711,7 @@ def ground_truth_ranks(images: np.ndarray | torch.Tensor, captions: np.ndarray |
     if measure not in MEASURES:
         raise UserError(f"unknown measure {measure!r} (expected one of {', '.join(MEASURES)})")
     log = log or _stderr
-    dev = _resolve_device(device)
+    dev = resolve_device(device)
     img = _as_float_tensor(images, "image").to(dev)
     cap = _as_float_tensor(captions, "caption").to(dev)
     ci = _as_caption_image(caption_image).to(dev)
@@ -949,7 +934,7 @@ def evaluate_protocols(images: np.ndarray | torch.Tensor, captions: np.ndarray |
     if measure not in MEASURES:
         raise UserError(f"unknown measure {measure!r} (expected one of {', '.join(MEASURES)})")
     log = log or _stderr
-    dev = _resolve_device(device)
+    dev = resolve_device(device)
     img = _as_float_tensor(images, "image").to(dev)
     cap = _as_float_tensor(captions, "caption").to(dev)
     ci = _as_caption_image(caption_image).to(dev)
@@ -997,7 +982,7 @@ def evaluate_similarities(sims: np.ndarray, caption_image: np.ndarray | torch.Te
     log = log or _stderr
     ci_cpu = _as_caption_image(caption_image)
     check_similarity_matrix(sims, ci_cpu, transposed)
-    dev = _resolve_device(device)
+    dev = resolve_device(device)
     n = sims.shape[1] if transposed else sims.shape[0]
     plan = _plan(protocols, n, fold_size, have="the similarity matrix has")
     blocks = _blocks(None, 0, dev, block_images, block_captions)

@@ -29,9 +29,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from prep.errors import DEVICE_HELP, HelpFormatter, UserError
-from prep.io import write_json_atomic
-from prep.outputs import check_output_file
 from train.evaluate import (
     MEASURES,
     PROTOCOLS,
@@ -55,6 +52,10 @@ from train.report import (
 )
 from train.rundir import RunDir
 from train.runs import add_run_arguments
+from vsecore.device import DEVICE_HELP
+from vsecore.errors import HelpFormatter, UserError
+from vsecore.io import write_json_atomic
+from vsecore.outputs import check_output_file
 
 
 def parse_protocols(values: Sequence[str] | None) -> list[str]:
@@ -186,7 +187,7 @@ def sims_images(sims: np.ndarray, captions_per_image: int, transposed: bool, nam
 
 
 def _progress_hook(results_total: int) -> tuple[TileHook, Callable[[], None]]:
-    from prep.console import progress
+    from vsecore.console import progress
 
     bar = progress(total=results_total, unit="pair", unit_scale=True, desc="ranking")
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from prep import console
-from prep.errors import DEVICE_HELP
-from prep.io import atomic_file, write_json_atomic
-from prep.outputs import check_output_folder
 from train.runs import add_run_arguments, run_from_arguments
+from vsecore import console
+from vsecore.device import DEVICE_HELP
+from vsecore.io import atomic_file, write_json_atomic
+from vsecore.outputs import check_output_folder
 
 
 def _save(path: Path, array: np.ndarray) -> None:

@@ -21,10 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from prep import console
 from prep.dataset import PreparedDataset
-from prep.errors import DEVICE_HELP, UserError, resume_hint
-from prep.io import exclusive_lock
 from prep.pipelines import TrainSection, add_pipeline_arguments, stage_settings
 from train.checkpoint import (
     remove_stale_temporaries,
@@ -58,7 +55,11 @@ from train.runs import (
     store_path,
     write_config,
 )
-from train.trainer import Trainer, resolve_device, retrieval_metrics, write_evaluation
+from train.trainer import Trainer, retrieval_metrics, write_evaluation
+from vsecore import console
+from vsecore.device import DEVICE_HELP, resolve_device
+from vsecore.errors import UserError, resume_hint
+from vsecore.io import exclusive_lock
 
 #: defaults of --alphabet-size / --image-dim for a --dry-run without data (COCO's lowercased
 #: alphabet is about 70 symbols; VGG fc7 features have 4096 dimensions)
@@ -563,7 +564,7 @@ def _words_fingerprint(data: str, spec: ModelSpec) -> dict[str, str]:
     if spec.text_input != "words":
         return {}
     from prep.dataset import WORDS_FILE
-    from prep.io import sha256_file
+    from vsecore.io import sha256_file
 
     return {"words_json": sha256_file(Path(data) / WORDS_FILE)}
 

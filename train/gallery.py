@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from prep.io import atomic_file
 from train.evaluate import ProtocolResult
+from vsecore.io import atomic_file
 
 THUMBNAIL = 160
 

@@ -33,10 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from prep import console
 from prep.dataset import Vocabulary
-from prep.errors import UserError
-from prep.io import atomic_directory, sha256_file, write_json_atomic
 from train.checkpoint import check_model_state
 from train.data import TextCodec
 from train.runs import (
@@ -47,6 +44,9 @@ from train.runs import (
     settings_from_config,
     validate_config,
 )
+from vsecore import console
+from vsecore.errors import UserError
+from vsecore.io import atomic_directory, sha256_file, write_json_atomic
 
 MODEL_JSON = "model.json"
 WEIGHTS = "weights.safetensors"
@@ -197,7 +197,7 @@ def load_model_folder(folder: str | os.PathLike, checkpoint: str = "best", devic
     """
     from train.models.registry import model_spec
     from train.models.vse import build_model
-    from train.trainer import resolve_device
+    from vsecore.device import resolve_device
 
     folder = Path(folder)
     if checkpoint != "best":
@@ -268,7 +268,8 @@ class RecordedFeaturizer:
     Full-Network Embedding the recorded statistics and thresholds."""
 
     def __init__(self, model: SharedModel, device: str = "cpu") -> None:
-        from features.mapper import ImageMapper, resolve_device
+        from features.mapper import ImageMapper
+        from vsecore.device import resolve_device
 
         spec, config = model.config["features"], model.config["features"]["store"]
         where = model.run_dir / MODEL_JSON

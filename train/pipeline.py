@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from prep.dataset import RECORD_FILE, changed_inputs
-from prep.errors import UserError
-from prep.io import write_json_atomic
 from prep.pipelines import Pipeline, default_pipelines_file, get_pipeline, load_pipelines
 from train.rundir import RunDir
+from vsecore.errors import UserError
+from vsecore.io import write_json_atomic
 
 STAGES = ("prep", "features", "train", "classify", "evaluate")
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from prep.io import atomic_file
+from vsecore.io import atomic_file
 
 
 def new_figure(panels: int = 1, width: float = 6.0, height: float = 4.0) -> tuple[Any, Any]:

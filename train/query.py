@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from prep.errors import DEVICE_HELP, UserError
-from prep.io import write_json_atomic
 from train.runs import add_run_arguments, store_path
 from train.similarity import similarity
+from vsecore.device import DEVICE_HELP
+from vsecore.errors import UserError
+from vsecore.io import write_json_atomic
 
 if TYPE_CHECKING:
     from train.runs import LoadedRun
@@ -217,8 +218,8 @@ def _command(args: argparse.Namespace) -> int:
             raise UserError(f"--text {text!r}: an empty query; give some words")
     run_dir = run_from_arguments(args)
     if args.json:  # not an input (the run, its data and store, the query images), not inside an artifact
-        from prep.outputs import check_output_file
         from train.runs import run_inputs
+        from vsecore.outputs import check_output_file
 
         inputs = [run_dir, *run_inputs(run_dir), args.data,
                   store_path(args.features), *(args.image or [])]

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from prep.io import atomic_file
 from train.evaluate import PROTOCOL_NAMES, DirectionMetrics, ProtocolResult, RetrievalMetrics
+from vsecore.io import atomic_file
 
 #: columns of the ranks CSV (the last two only with top-K candidates)
 RANKS_COLUMNS = ("protocol", "fold", "direction", "query", "rank", "ties", "ground_truth", "topk",

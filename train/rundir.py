@@ -2,7 +2,7 @@
 
 A run directory holds::
 
-    .vse-run               the marker (prep.outputs.RUN_MARKER), written when a run starts
+    .vse-run               the marker (vsecore.outputs.RUN_MARKER), written when a run starts
     config.json            resolved settings, sizes, fingerprints of the inputs, code version
     checkpoints/best.pt    the best validation rsum so far (complete training state)
     checkpoints/last.pt    the newest state: end of an epoch, or mid-epoch every checkpoint_every steps
@@ -28,8 +28,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from prep.errors import UserError
-from prep.outputs import RUN, RUN_MARKER, check_not_input, check_output_file, enclosing_artifact
+from vsecore.errors import UserError
+from vsecore.outputs import RUN, RUN_MARKER, check_not_input, check_output_file, enclosing_artifact
 
 CONFIG = "config.json"
 CHECKPOINTS = "checkpoints"
@@ -98,7 +98,7 @@ class RunDir:
 
     @property
     def marker(self) -> Path:
-        """The marker :data:`prep.outputs.RUN_MARKER`."""
+        """The marker :data:`vsecore.outputs.RUN_MARKER`."""
         return self.path / RUN_MARKER
 
     @property
@@ -188,7 +188,7 @@ class RunDir:
         return sorted(e.name for e in os.scandir(folder) if not _written_by_train(e, written))
 
     def kept(self) -> str | None:
-        """What a stopped training run keeps, for :func:`prep.errors.resume_hint`, e.g. ``epoch 3 kept:
+        """What a stopped training run keeps, for :func:`vsecore.errors.resume_hint`, e.g. ``epoch 3 kept:
         re-run with --resume``; None without a checkpoint."""
         if not (self.last.is_file() or self.best.is_file()):
             return None
@@ -286,7 +286,7 @@ class RunDir:
         Inside the run, only its ``eval/`` folder may be written, where a ``default`` output (one the
         command names itself, e.g. ``eval/test_best.json``) of a name train writes there
         (:func:`is_eval_file`) is replaced without ``overwrite``: a re-evaluation replaces its own
-        results. Elsewhere the rules of :func:`prep.outputs.check_output_file` apply. The run's
+        results. Elsewhere the rules of :func:`vsecore.outputs.check_output_file` apply. The run's
         ``config.json`` and checkpoints are inputs in any case.
         """
         out, root = _resolved(path), _resolved(self.path)

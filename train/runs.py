@@ -18,10 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from prep import console
 from prep.dataset import CHARS_FILE, DATASET_FILE, WORDS_FILE, PreparedDataset
-from prep.errors import UserError
-from prep.io import sha256_file, write_json_atomic
 from prep.pipelines import ClassifySection, TrainSection
 from train.checkpoint import check_model_state, load_checkpoint
 from train.data import (
@@ -34,7 +31,11 @@ from train.data import (
 )
 from train.models.registry import model_spec
 from train.rundir import CONFIG, RunDir
-from train.trainer import embed_caption_set, embed_codes, resolve_device
+from train.trainer import embed_caption_set, embed_codes
+from vsecore import console
+from vsecore.device import resolve_device
+from vsecore.errors import UserError
+from vsecore.io import sha256_file, write_json_atomic
 
 #: settings that may change when a run resumes: where it runs and how long it may go on
 RESUMABLE_CHANGES = ("out", "device", "workers", "epochs", "checkpoint_every")

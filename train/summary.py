@@ -13,14 +13,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from prep.errors import UserError
-from prep.io import write_json_atomic
-from prep.outputs import check_output_file
 from train.checkpoint import load_checkpoint
 from train.evaluate_cli import check_distinct
 from train.plots import plot_parameters_vs_rsum
 from train.rundir import RunDir
 from train.runs import read_config
+from vsecore.errors import UserError
+from vsecore.io import write_json_atomic
+from vsecore.outputs import check_output_file
 
 #: the settings that tell runs of one family apart in the table
 DESCRIBING_KEYS = ("version", "p", "arch", "variant", "hops", "kind", "d", "measure", "loss", "batch_size")

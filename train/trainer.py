@@ -40,8 +40,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from prep.console import progress
-from prep.io import write_json_atomic
 from prep.pipelines import TrainSection
 from train.checkpoint import load_checkpoint, restore_rng_states, rng_states, save_checkpoint
 from train.data import (
@@ -56,26 +54,11 @@ from train.data import (
 from train.objectives import Objective
 from train.plots import plot_training_curves
 from train.rundir import BEST, CURVES, LAST, METRICS, TENSORBOARD, RunDir
+from vsecore.console import progress
+from vsecore.io import write_json_atomic
 
 __all__ = ["BEST", "CURVES", "LAST", "METRICS", "TENSORBOARD", "Trainer", "embed_caption_set", "embed_codes",
-           "embed_images", "resolve_device", "retrieval_metrics", "write_evaluation"]
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> ``cuda`` when available, else ``cpu``; anything else as torch reads it."""
-    from prep.errors import UserError
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise UserError(f"--device {name}: not a device (auto, cpu, cuda or cuda:N)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {name}: CUDA is not available on this machine (use cpu or auto)")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise UserError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    return device
+           "embed_images", "retrieval_metrics", "write_evaluation"]
 
 
 def autocast(device: torch.device, amp: bool) -> Any:
@@ -289,8 +272,8 @@ class Trainer:
         """Load the newest consistent checkpoint (``last.pt`` or ``best.pt``, whichever has gone further,
         :func:`train.checkpoint.newest_checkpoint`) after checking its tensor shapes against the model and
         optimiser; a run extended by a larger ``--epochs`` goes on. Returns the file resumed from."""
-        from prep.errors import UserError
         from train.checkpoint import check_model_state, check_optimizer_state, newest_checkpoint
+        from vsecore.errors import UserError
 
         found = newest_checkpoint(self.checkpoint_dir, (LAST, BEST))
         if found is None:
@@ -374,7 +357,7 @@ class Trainer:
         for batch in loader:
             loss = self._step(batch)
             if not math.isfinite(loss):
-                from prep.errors import UserError
+                from vsecore.errors import UserError
 
                 raise UserError(f"the loss is {loss} at epoch {self.epoch + 1}, step {self.global_step + 1}; "
                                 "checkpoints/last.pt holds the last finite state (try a lower --lr or "

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prep.errors import UserError
+from vsecore.errors import UserError
 
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 #: the JSON escape of a surrogate code point (``\ud83d`` ...); a file without one decodes to none

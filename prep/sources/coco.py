@@ -17,9 +17,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-from prep.errors import UserError
-from prep.io import write_json_atomic
-from prep.outputs import check_output_file
 from prep.sources import (
     RawCaption,
     RawDataset,
@@ -31,6 +28,9 @@ from prep.sources import (
     need_file,
     read_json,
 )
+from vsecore.errors import UserError
+from vsecore.io import write_json_atomic
+from vsecore.outputs import check_output_file
 
 KARPATHY_SPLITS = ("train", "restval", "val", "test")
 _COCO_ID = re.compile(r"(\d+)\.\w+$")

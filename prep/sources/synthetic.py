@@ -19,9 +19,9 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from prep.console import progress
-from prep.errors import UserError
 from prep.sources import RawCaption, RawDataset, RawImage, RawPair
+from vsecore.console import progress
+from vsecore.errors import UserError
 
 # colour: (RGB, English, German (declinable stem or None when indeclinable), German plain, Japanese
 # attributive, Japanese noun)

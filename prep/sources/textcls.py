@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from prep.errors import UserError
+from vsecore.errors import UserError
 
 #: an AG News / DBPedia description can be long; the csv module's default field limit is 128 KiB (set
 #: only while a file is read: the limit is process-wide state other readers rely on)

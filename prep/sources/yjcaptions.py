@@ -14,7 +14,6 @@ import os
 import random
 from typing import Any
 
-from prep.errors import UserError
 from prep.sources import (
     RawCaption,
     RawDataset,
@@ -27,6 +26,7 @@ from prep.sources import (
     need_file,
     read_json,
 )
+from vsecore.errors import UserError
 
 
 def _english_by_cocoid(path) -> dict[int, dict[str, Any]]:

@@ -66,7 +66,7 @@ def remove_dead_temporaries(path: str | os.PathLike) -> list[Path]:
 def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO[Any]]:
     """Open a temporary sibling of ``path`` for writing; on success fsync it and rename it to ``path``.
 
-    On any exception (Ctrl-C and SIGTERM included, see :class:`prep.errors.Terminated`) the temporary
+    On any exception (Ctrl-C and SIGTERM included, see :class:`vsecore.errors.Terminated`) the temporary
     file is removed and ``path`` is left as it was, so a reader (or a run killed at any instant) only
     ever sees a complete file. The temporary's name carries the host and pid of its writer
     (``.NAME.HOST-PID.XXXX.tmp``), so the next writer of ``path`` removes those of writers that were
@@ -107,8 +107,8 @@ class DeferredInterrupts:
             self.signum = signum
 
     def check(self) -> None:
-        """Raise :class:`KeyboardInterrupt` (or :class:`prep.errors.Terminated`) if one arrived."""
-        from prep.errors import Terminated
+        """Raise :class:`KeyboardInterrupt` (or :class:`vsecore.errors.Terminated`) if one arrived."""
+        from vsecore.errors import Terminated
 
         if self.signum == signal.SIGTERM:
             raise Terminated()
@@ -226,7 +226,7 @@ def _open_lock_file(path: Path, target: str | os.PathLike, what: str) -> int:
     """Open (creating it) the regular lock file ``path`` without following a symlink; UserError if not."""
     import stat
 
-    from prep.errors import UserError
+    from vsecore.errors import UserError
 
     flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
@@ -294,7 +294,7 @@ def exclusive_lock(target: str | os.PathLike, what: str = "this output") -> Iter
     The lock is an ``flock`` on :func:`lock_path`, so it is released by the kernel when its holder
     exits in any way, ``SIGKILL`` included: a lock file left by a killed run is stale and simply
     taken over. The file records the holder (pid, host, start time, command) for the error message.
-    A second writer gets a :class:`prep.errors.UserError` at once, never a wait.
+    A second writer gets a :class:`vsecore.errors.UserError` at once, never a wait.
 
     The lock file is opened without following symlinks (``O_NOFOLLOW``) and must be a regular file: a
     symlink, directory or device planted at the lock path is a one-line error, never written through.
@@ -305,7 +305,7 @@ def exclusive_lock(target: str | os.PathLike, what: str = "this output") -> Iter
     import sys
     import time
 
-    from prep.errors import UserError
+    from vsecore.errors import UserError
 
     path = lock_path(target)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from prep.errors import UserError
+from vsecore.errors import UserError
 
 #: the marker files of the artifacts (the prepared dataset's is also :data:`prep.dataset.MARKER_FILE`)
 PREPARED_MARKER = ".vse-prepared"

@@ -22,8 +22,6 @@ class UserError(Exception):
     exit_code = 2
 
 
-#: the one meaning of --device in every command
-DEVICE_HELP = "where to compute: auto (cuda when available, else cpu), cpu, cuda or cuda:N (default auto)"
 
 #: options every command takes anywhere on its command line (see :func:`add_common_options`)
 COMMON_FLAGS = {"--traceback": "traceback", "--quiet": "quiet", "-q": "quiet", "--verbose": "verbose",
@@ -113,12 +111,12 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
     """Run ``main(argv)``; turn a :class:`UserError` into ``prog: error: ...`` and status 2.
 
     The common options (``--quiet``/``-q``, ``--verbose``/``-v``, ``--traceback``) are taken out of
-    the command line first, wherever they are, and set :mod:`prep.console`'s verbosity. A full,
+    the command line first, wherever they are, and set :mod:`vsecore.console`'s verbosity. A full,
     read-only or forbidden disk (:func:`disk_error_message`) is one line and status 2 as well;
     Ctrl-C and SIGTERM (:class:`Terminated`) are one line and status 130 / 143. Both name what the
     command kept when it registered a :func:`resume_hint`.
     """
-    from prep import console
+    from vsecore import console
 
     args = list(sys.argv[1:] if argv is None else argv)
     flags = {COMMON_FLAGS[a] for a in args if a in COMMON_FLAGS}
@@ -150,3 +148,22 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
         if previous is not None:
             with contextlib.suppress(ValueError):
                 signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def interrupted_while_loading(prog: str) -> Iterator[None]:
+    """Around a command's imports: Ctrl-C (or SIGTERM, once a handler raises
+    :class:`vsecore.errors.Terminated` for it) while they load ends with one line, ``prog: interrupted
+    (while starting; nothing was written)``, and status 130 (143 for SIGTERM), not a traceback through
+    the libraries being imported. Python 3.11 wraps an exception raised while a class body's
+    ``__set_name__`` runs (pydantic has such classes) in a ``RuntimeError``: that one counts too.
+    """
+    try:
+        yield
+    except (KeyboardInterrupt, RuntimeError) as exc:
+        interrupt = exc if isinstance(exc, KeyboardInterrupt) else exc.__cause__
+        if not isinstance(interrupt, KeyboardInterrupt):
+            raise
+        word, status = ("terminated", 143) if isinstance(interrupt, Terminated) else ("interrupted", 130)
+        print(f"{prog}: {word} (while starting; nothing was written)", file=sys.stderr)
+        raise SystemExit(status) from None

@@ -1,6 +1,6 @@
 """What the commands print: results, information, details, warnings, progress, and a log file.
 
-Every command shares one verbosity, set from the command line by :func:`prep.errors.run_cli`
+Every command shares one verbosity, set from the command line by :func:`vsecore.errors.run_cli`
 (``--quiet``/``-q``: results and warnings only; ``-v``/``--verbose``: also details):
 
 * :func:`result` (stdout, always): what the command computed (tables, summaries);

@@ -1,0 +1,28 @@
+"""The one meaning of ``--device`` in every command."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vsecore.errors import UserError
+
+#: the help text of --device in every command
+DEVICE_HELP = "where to compute: auto (cuda when available, else cpu), cpu, cuda or cuda:N (default auto)"
+
+
+def resolve_device(device: Any) -> Any:
+    """``"auto"``/``None`` -> CUDA when available, else CPU (a ``torch.device``); a device torch cannot
+    read, or a CUDA one this machine lacks, is a one-line :class:`UserError`."""
+    import torch
+
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise UserError(f"--device {device}: not a device (auto, cpu, cuda or cuda:N)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {device}: CUDA is not available on this machine (use cpu or auto)")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise UserError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return dev
