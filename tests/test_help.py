@@ -62,3 +62,61 @@ def test_device_has_one_meaning_and_a_bad_one_is_a_one_line_error(tmp_path: Path
         assert err.endswith("--device gpu: not a device (auto, cpu, cuda or cuda:N)"), err
         assert len(err.splitlines()) == 1
     assert not (tmp_path / "s.zarr").exists() and not (tmp_path / "run").exists()
+
+
+FAMILIES = ("chain", "oecc", "seam", "vse", "clmr", "liwe")
+
+
+def _help_defaults(family: str) -> dict[str, str]:
+    """option dest -> the text of its "(default X)" note in ``train <family> --help``."""
+    import re
+
+    sub, _ = _subcommands(train_parser())[family]
+    out = {}
+    for action in sub._actions:
+        match = re.search(r"\(default ([^;()]*)[;)]", action.help or "")
+        if match and not (action.help or "").startswith("the FNE paper's pipeline"):
+            out[action.dest] = match.group(1)
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_help_shows_each_familys_own_defaults(family: str) -> None:
+    """Every setting's "(default X)" is what the family resolves (schema defaults, then its own: vse's
+    cosine, margin 0.2, lr 2e-4, 200 epochs; clmr/liwe's cosine), i.e. what a run records."""
+    from prep.pipelines import TrainSection
+    from train.fit import _NOT_SETTINGS, _shown, resolved_defaults
+
+    shown = _help_defaults(family)
+    resolved = resolved_defaults(family)
+    settings = [k for k in shown if k in TrainSection.model_fields and k not in _NOT_SETTINGS]
+    assert {"measure", "margin", "lr", "epochs", "batch_size", "d"} <= set(settings), family
+    for key in settings:
+        assert shown[key] == _shown(getattr(resolved, key)), (family, key, shown[key])
+    expected = {"vse": ("cosine", "0.2", "0.0002", "200"), "clmr": ("cosine", "0.2", "0.001", "30"),
+                "chain": ("order", "0.05", "0.001", "30")}.get(family)
+    if expected:
+        assert (shown["measure"], shown["margin"], shown["lr"], shown["epochs"]) == expected
+
+
+def test_a_run_records_the_defaults_its_help_shows(tmp_path: Path) -> None:
+    """A real run of each of two families: every setting not given on the command line is in its
+    config.json with the value ``--help`` shows."""
+    import json
+
+    from test_data import make_prepared, make_store
+
+    prepared = make_prepared(tmp_path / "data", n_train=12, n_val=4, n_test=4)
+    store = make_store(tmp_path / "f.zarr", prepared)
+    given = {"data", "features", "out", "d", "word_dim", "epochs", "batch_size", "device", "p"}
+    for family, extra in (("chain", ["--p", "0.125"]), ("vse", ["--word-dim", "16"])):
+        out = tmp_path / family
+        assert train_main([family, "--data", str(prepared), "--features", f"{store}:global", "--out",
+                           str(out), "--d", "16", "--epochs", "1", "--batch-size", "4", "--device", "cpu",
+                           "-q", *extra]) == 0
+        recorded = json.loads((out / "config.json").read_text())["settings"]
+        from train.fit import _shown
+
+        for key, text in _help_defaults(family).items():
+            if key in recorded and key not in given and recorded[key] is not None:
+                assert _shown(recorded[key]) == text, (family, key, recorded[key], text)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +39,7 @@ from train.data import (
 )
 from train.evaluate import protocol_folds
 from train.models.registry import ModelSpec, model_spec, with_family_defaults
+from train.models.uvs import vse_preset
 from train.rundir import RunDir
 from train.runs import (
     absolute_settings,
@@ -249,7 +251,7 @@ def _common_options(p: argparse.ArgumentParser) -> None:
     run.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None,
                      help="bf16 autocast on CUDA (ignored on CPU) (default off)")
     run.add_argument("--workers", type=int, default=None,
-                     help="worker processes that collate the batches (a DataLoader's; default 0: in this "
+                     help="worker processes that collate the batches (a DataLoader's; 0: in this "
                           "process)")
     run.add_argument("--dry-run", dest="dry_run", action="store_true",
                      help="build the model, print its parameter counts per part and exit")
@@ -265,8 +267,49 @@ def _common_options(p: argparse.ArgumentParser) -> None:
     add_pipeline_arguments(p)
 
 
+#: a help text's own "(default ...)" note at its end, replaced by the resolved value
+_DEFAULT_NOTE = re.compile(r"\s*\(default[^()]*(?:\([^()]*\)[^()]*)*\)\s*$")
+#: options whose value is not a setting a run records (or has no single default)
+_NOT_SETTINGS = ("out", "family", "data", "features", "pipeline", "pipelines")
+
+
+def _shown(value: Any) -> str:
+    """A setting as ``--help`` shows it: on/off, numbers as Python prints them, lists comma-separated."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def resolved_defaults(family: str) -> TrainSection:
+    """The settings a run of ``family`` records for every option not given (schema defaults, then the
+    family's own defaults, without a dataset: the vse ``--kind`` preset shows COCO's column)."""
+    return with_family_defaults(TrainSection(family=family, out="RUN_DIR"), None)
+
+
+def _show_resolved_defaults(parser: argparse.ArgumentParser, family: str) -> None:
+    """Rewrite each setting's "(default ...)" in ``--help`` from :func:`resolved_defaults`, so the help
+    and a run's ``config.json`` read one source (a family default shows as that family's value)."""
+    resolved = resolved_defaults(family)
+    preset_keys = set(vse_preset("SH", None)) if family == "vse" else set()
+    for action in parser._actions:
+        key = action.dest
+        if key not in TrainSection.model_fields or key in _NOT_SETTINGS:
+            continue
+        value = getattr(resolved, key)
+        text = _DEFAULT_NOTE.sub("", action.help or "")
+        if value is None:
+            action.help = text
+            continue
+        note = "; the --kind preset of the prepared dataset's column, COCO's without one" \
+            if key in preset_keys else ""
+        action.help = f"{text} (default {_shown(value)}{note})"
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add one ``train <family>`` subcommand per family that trains today."""
+    """Add one ``train <family>`` subcommand per family that trains today; ``--help`` shows each option's
+    default as the family resolves it (:func:`resolved_defaults`)."""
     for family, (summary, own_options) in FAMILY_OPTIONS.items():
         p = subparsers.add_parser(
             family, help=summary, description=f"{summary}. Adam, learning rate /10 on a validation-rsum "
@@ -275,6 +318,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "continues exactly.")
         own_options(p.add_argument_group(f"{family} text encoder"))
         _common_options(p)
+        _show_resolved_defaults(p, family)
         p.set_defaults(func=functools.partial(_command, family))
 
 
