@@ -338,7 +338,11 @@ class FeatureStore:
         """``name``, or for the ternary array caught between two renames by a killed
         ``--rethreshold``, its complete replacement (readers never rename: see :meth:`recover`)."""
         if name == TERNARY and not self._exists(TERNARY) and self._exists(TERNARY_NEW):
-            if self.group[TERNARY_NEW].attrs.get("complete"):
+            try:
+                complete = self.group[TERNARY_NEW].attrs.get("complete")
+            except (KeyError, FileNotFoundError):  # renamed meanwhile: the swap has just finished
+                return name
+            if complete:
                 return TERNARY_NEW
         return name
 

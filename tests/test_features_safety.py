@@ -250,6 +250,18 @@ def test_reader_racing_rethreshold_sees_one_version_or_is_told(tmp_path):
     assert all("being rewritten" in m or "rewritten" in m or "being written" in m for m in refused), refused
 
 
+def test_a_reader_that_sees_the_new_ternary_vanish_takes_the_swapped_one(tmp_path, monkeypatch):
+    """The instant of a --rethreshold swap a racing reader once hit (CI, 1 run in ~10): the old array is
+    gone, the new one was there a moment ago and is renamed now; the reader takes the final name."""
+    from features.store import TERNARY, TERNARY_NEW
+
+    store = FeatureStore(synthetic_fne_store(tmp_path / "f.zarr"))
+    real = store._exists
+    monkeypatch.setattr(store, "_exists",
+                        lambda name: name == TERNARY_NEW or (name != TERNARY and real(name)))
+    assert store._resolve(TERNARY) == TERNARY
+
+
 def test_reader_racing_overwrite_sees_one_version_or_is_told(tmp_path):
     path = synthetic_fne_store(tmp_path / "f.zarr", seed=0, block=8)
     versions = [FeatureStore(path).array("fne/raw")[:]]
