@@ -691,13 +691,15 @@ def _open_for_reading(spec: str, dataset: PreparedDataset | str | os.PathLike | 
             dataset = PreparedDataset.load(dataset)
         check_store_matches(store, dataset)
     store.check_readable(store.opened_state)
-    store.require_complete()
-    if key is None:
-        key = next((k for k in ("global", "fne", "regions") if store.has(SPEC_ARRAYS[k])), "global")
-    name = SPEC_ARRAYS[key]
-    if not store.has(name):
-        have = [k for k, n in SPEC_ARRAYS.items() if store.has(n)]
-        raise UserError(f"{path}: no '{key}' features in this store (it has: {', '.join(have) or 'none'})")
+    with consistent_read(store):  # a rewrite starting now explains what these checks see
+        store.require_complete()
+        if key is None:
+            key = next((k for k in ("global", "fne", "regions") if store.has(SPEC_ARRAYS[k])), "global")
+        name = SPEC_ARRAYS[key]
+        if not store.has(name):
+            have = [k for k, n in SPEC_ARRAYS.items() if store.has(n)]
+            raise UserError(f"{path}: no '{key}' features in this store (it has: "
+                            f"{', '.join(have) or 'none'})")
     return store, path, name
 
 
