@@ -439,26 +439,8 @@ def _region_options(p: argparse.ArgumentParser) -> None:
                    help="fasterrcnn: class-agnostic NMS IoU (default 0.3)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``features`` argument parser with its subcommands."""
-    parser = argparse.ArgumentParser(
-        prog=PROG, description="Images of a prepared dataset -> a resumable Zarr feature store, in this "
-                               "process or on a Dask cluster.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    p = sub.add_parser("cnn", help="10-crop averaged global CNN features -> 'global'",
-                       description="10-crop averaged global CNN features (CHAIN-VSE 2.3, OECC 2.2) "
-                                   "-> 'global'.")
-    _extraction_options(p, "cnn")
-    p = sub.add_parser("fne", help="Full-Network Embedding -> fne/raw, fne/mean, fne/std, fne/ternary",
-                       description="Full-Network Embedding (FNE 3.1): average-pooled activations of every "
-                                   "conv layer plus fc6/fc7, averaged over crops, standardised with "
-                                   "train-split statistics and discretized to {-1, 0, 1}.")
-    _extraction_options(p, "fne")
-    p = sub.add_parser("regions", help="region features -> regions (N, k, D), boxes (N, k, 4), counts (N,)",
-                       description="Region features for CLMR/LIWE: k regions of D features per image "
-                                   "(zero rows after an image's real regions), their boxes in pixels, "
-                                   "their count, and the image size.")
-    _extraction_options(p, "regions")
+def _export_and_import_parsers(sub: argparse._SubParsersAction) -> None:
+    """Add ``features export`` and ``features import``."""
     p = sub.add_parser("export", help="write a store's features as VSE++/SCAN precomp .npy or HDF5",
                        description="Write a finished store's features for other codebases: VSE++/SCAN "
                                    "precomp ({split}_ims.npy, {split}_caps.txt, {split}_ids.json per split, "
@@ -515,6 +497,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="STORE.zarr", required=True,
                    help="store to write; an existing imported store of the same dataset gains the split")
     p.add_argument("--overwrite", action="store_true", help="start a new store even if --out exists")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``features`` argument parser with its subcommands."""
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Images of a prepared dataset -> a resumable Zarr feature store, in this "
+                               "process or on a Dask cluster.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser("cnn", help="10-crop averaged global CNN features -> 'global'",
+                       description="10-crop averaged global CNN features (CHAIN-VSE 2.3, OECC 2.2) "
+                                   "-> 'global'.")
+    _extraction_options(p, "cnn")
+    p = sub.add_parser("fne", help="Full-Network Embedding -> fne/raw, fne/mean, fne/std, fne/ternary",
+                       description="Full-Network Embedding (FNE 3.1): average-pooled activations of every "
+                                   "conv layer plus fc6/fc7, averaged over crops, standardised with "
+                                   "train-split statistics and discretized to {-1, 0, 1}.")
+    _extraction_options(p, "fne")
+    p = sub.add_parser("regions", help="region features -> regions (N, k, D), boxes (N, k, 4), counts (N,)",
+                       description="Region features for CLMR/LIWE: k regions of D features per image "
+                                   "(zero rows after an image's real regions), their boxes in pixels, "
+                                   "their count, and the image size.")
+    _extraction_options(p, "regions")
+    _export_and_import_parsers(sub)
     p = sub.add_parser("verify", help="check the finished blocks of a store (chunk files, finite valid rows)",
                        description="Check every block flagged done: its chunk files exist and decode, its "
                                    "valid rows are finite, and 'valid' is False exactly at its recorded "
@@ -574,12 +579,13 @@ def _run(args: argparse.Namespace) -> int:
         run_features(settings, overwrite=args.overwrite, rethreshold=getattr(args, "rethreshold", False),
                      progress=not args.no_progress, retry_failed=args.retry_failed)
         return 0
-    from features import interop
 
     if args.command == "export":
-        written = interop.export_store(args.store, args.data, args.format, args.out, splits=args.split,
-                                       allow_invalid=args.allow_invalid, overwrite=args.overwrite,
-                                       captions_per_image=args.captions_per_image)
+        from features.export import export_store
+
+        written = export_store(args.store, args.data, args.format, args.out, splits=args.split,
+                               allow_invalid=args.allow_invalid, overwrite=args.overwrite,
+                               captions_per_image=args.captions_per_image)
         for path in written:
             print(f"features: wrote {path}")
         return 0

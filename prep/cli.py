@@ -586,39 +586,8 @@ def _common(p: argparse.ArgumentParser, images: bool = True) -> None:
     add_pipeline_arguments(p)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``prep`` argument parser with one subcommand per dataset."""
-    parser = argparse.ArgumentParser(
-        prog="prep", description="Raw annotations -> prepared dataset (dataset.json in the Karpathy schema "
-        "with 'lang' per sentence, train-only chars.json/words.json, and a prep.json record). "
-        "Add --traceback to see the traceback of an input error.")
-    sub = parser.add_subparsers(dest="command", metavar="DATASET", required=True)
-
-    p = sub.add_parser("coco", help="MS COCO (Karpathy JSON, or the official caption files + split file)",
-                       description="MS COCO. Karpathy splits; restval folds into train (113,287 / 5,000 / "
-                       "5,000) unless --no-restval (82,783 train images).")
-    p.add_argument("--karpathy", metavar="FILE", default=None, help="Karpathy's dataset_coco.json")
-    p.add_argument("--annotations", metavar="FILE", nargs="+", default=None,
-                   help="official caption files (captions_train2014.json captions_val2014.json)")
-    p.add_argument("--split-file", metavar="FILE", default=None,
-                   help="with --annotations: a Karpathy JSON or "
-                       "{\"train\"|\"restval\"|\"val\"|\"test\": [COCO "
-                        "ids or file names]}; images in no split are left out and counted")
-    p.add_argument("--flat", metavar="FILE", nargs=2, default=None,
-                   help="TRAIN.json VAL.json: flat lists of {image_path, caption, image_id} (the layout of "
-                        "the shared coco_sample); train images -> train, the first --flat-val-images "
-                        "val images -> val, the rest -> test")
-    p.add_argument("--flat-val-images", dest="flat_val_images", type=int, metavar="N", default=None,
-                   help="with --flat: how many of VAL.json's images form the val split (default 100)")
-    p.add_argument("--restval", action=argparse.BooleanOptionalAction, default=None,
-                   help="fold the restval images into train (default) or leave them out (--no-restval)")
-    p.add_argument("--captions-per-image", type=int, default=None, metavar="K",
-                   help="keep the first K captions of each image, in the source's order (default 5, as "
-                        "VSE++/SCAN; a few images have 6-7); the others are dropped and counted")
-    p.add_argument("--all-captions", action="store_true", default=None,
-                   help="keep every caption of each image")
-    _common(p)
-
+def _other_dataset_parsers(sub: argparse._SubParsersAction) -> None:
+    """Add ``prep f8k|f30k|karpathy|multi30k|yjcaptions|synthetic`` (``coco`` is in :func:`build_parser`)."""
     p = sub.add_parser("f8k", help="Flickr8k (token file + split lists, or Karpathy JSON)",
                        description="Flickr8k: 6,000 / 1,000 / 1,000 images, 5 captions each.")
     p.add_argument("--token-file", metavar="FILE", default=None, help="Flickr8k.token.txt")
@@ -685,6 +654,42 @@ def build_parser() -> argparse.ArgumentParser:
     from prep.textcls import add_textcls_parser
 
     add_textcls_parser(sub, _common)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``prep`` argument parser with one subcommand per dataset."""
+    parser = argparse.ArgumentParser(
+        prog="prep", description="Raw annotations -> prepared dataset (dataset.json in the Karpathy schema "
+        "with 'lang' per sentence, train-only chars.json/words.json, and a prep.json record). "
+        "Add --traceback to see the traceback of an input error.")
+    sub = parser.add_subparsers(dest="command", metavar="DATASET", required=True)
+
+    p = sub.add_parser("coco", help="MS COCO (Karpathy JSON, or the official caption files + split file)",
+                       description="MS COCO. Karpathy splits; restval folds into train (113,287 / 5,000 / "
+                       "5,000) unless --no-restval (82,783 train images).")
+    p.add_argument("--karpathy", metavar="FILE", default=None, help="Karpathy's dataset_coco.json")
+    p.add_argument("--annotations", metavar="FILE", nargs="+", default=None,
+                   help="official caption files (captions_train2014.json captions_val2014.json)")
+    p.add_argument("--split-file", metavar="FILE", default=None,
+                   help="with --annotations: a Karpathy JSON or "
+                       "{\"train\"|\"restval\"|\"val\"|\"test\": [COCO "
+                        "ids or file names]}; images in no split are left out and counted")
+    p.add_argument("--flat", metavar="FILE", nargs=2, default=None,
+                   help="TRAIN.json VAL.json: flat lists of {image_path, caption, image_id} (the layout of "
+                        "the shared coco_sample); train images -> train, the first --flat-val-images "
+                        "val images -> val, the rest -> test")
+    p.add_argument("--flat-val-images", dest="flat_val_images", type=int, metavar="N", default=None,
+                   help="with --flat: how many of VAL.json's images form the val split (default 100)")
+    p.add_argument("--restval", action=argparse.BooleanOptionalAction, default=None,
+                   help="fold the restval images into train (default) or leave them out (--no-restval)")
+    p.add_argument("--captions-per-image", type=int, default=None, metavar="K",
+                   help="keep the first K captions of each image, in the source's order (default 5, as "
+                        "VSE++/SCAN; a few images have 6-7); the others are dropped and counted")
+    p.add_argument("--all-captions", action="store_true", default=None,
+                   help="keep every caption of each image")
+    _common(p)
+
+    _other_dataset_parsers(sub)
     add_common_options(parser)
     return parser
 

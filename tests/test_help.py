@@ -85,14 +85,15 @@ def test_help_shows_each_familys_own_defaults(family: str) -> None:
     """Every setting's "(default X)" is what the family resolves (schema defaults, then its own: vse's
     cosine, margin 0.2, lr 2e-4, 200 epochs; clmr/liwe's cosine), i.e. what a run records."""
     from prep.pipelines import TrainSection
-    from train.fit import _NOT_SETTINGS, _shown, resolved_defaults
+    from train.fit_options import NOT_SETTINGS, resolved_defaults
+    from train.fit_options import shown as as_help
 
     shown = _help_defaults(family)
     resolved = resolved_defaults(family)
-    settings = [k for k in shown if k in TrainSection.model_fields and k not in _NOT_SETTINGS]
+    settings = [k for k in shown if k in TrainSection.model_fields and k not in NOT_SETTINGS]
     assert {"measure", "margin", "lr", "epochs", "batch_size", "d"} <= set(settings), family
     for key in settings:
-        assert shown[key] == _shown(getattr(resolved, key)), (family, key, shown[key])
+        assert shown[key] == as_help(getattr(resolved, key)), (family, key, shown[key])
     expected = {"vse": ("cosine", "0.2", "0.0002", "200"), "clmr": ("cosine", "0.2", "0.001", "30"),
                 "chain": ("order", "0.05", "0.001", "30")}.get(family)
     if expected:
@@ -115,8 +116,8 @@ def test_a_run_records_the_defaults_its_help_shows(tmp_path: Path) -> None:
                            str(out), "--d", "16", "--epochs", "1", "--batch-size", "4", "--device", "cpu",
                            "-q", *extra]) == 0
         recorded = json.loads((out / "config.json").read_text())["settings"]
-        from train.fit import _shown
+        from train.fit_options import shown
 
         for key, text in _help_defaults(family).items():
             if key in recorded and key not in given and recorded[key] is not None:
-                assert _shown(recorded[key]) == text, (family, key, recorded[key], text)
+                assert shown(recorded[key]) == text, (family, key, recorded[key], text)

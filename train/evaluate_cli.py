@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from train.evaluate import (
@@ -42,6 +41,14 @@ from train.evaluate import (
     protocol_folds,
     vsepp_caption_image,
 )
+from train.evaluate_inputs import (
+    caption_image_beside,
+    load_caption_image,
+    load_embedding_file,
+    load_similarity_file,
+    sims_images,
+    vsepp_images,
+)
 from train.report import (
     format_length_table,
     format_noise_table,
@@ -51,7 +58,7 @@ from train.report import (
     write_ranks_csv,
 )
 from train.rundir import RunDir
-from train.runs import add_run_arguments
+from train.runs import Embeddings, LoadedRun, add_run_arguments
 from vsecore.device import DEVICE_HELP
 from vsecore.errors import HelpFormatter, UserError
 from vsecore.io import write_json_atomic
@@ -71,119 +78,6 @@ def parse_protocols(values: Sequence[str] | None) -> list[str]:
             if name not in names:
                 names.append(name)
     return names or ["all"]
-
-
-def load_embedding_file(path: str | Path, what: str) -> np.ndarray:
-    """A 2-D float array from ``.npy`` (or ``.npz`` with one array), as float32 (rows, d)."""
-    path = Path(path)
-    try:
-        data = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise UserError(f"{path}: {what} embeddings file not found") from None
-    except (ValueError, OSError) as exc:
-        raise UserError(f"{path}: cannot read {what} embeddings as .npy ({exc})") from None
-    if isinstance(data, np.lib.npyio.NpzFile):
-        keys = list(data.keys())
-        if len(keys) != 1:
-            raise UserError(f"{path}: expected one array in the .npz, found {keys}")
-        data = data[keys[0]]
-    if data.ndim != 2 or not np.issubdtype(data.dtype, np.number):
-        raise UserError(f"{path}: {what} embeddings must be a 2-D numeric array, got {data.dtype} "
-                        f"{data.shape}")
-    return np.ascontiguousarray(data, dtype=np.float32)
-
-
-def load_caption_image(path: str | Path, n_images: int, n_captions: int, grouped: bool = False) -> np.ndarray:
-    """The (M,) image row of each caption from ``.npy`` (``train export-embeddings`` writes it as
-    ``{split}_caption_image.npy``): integers, one per caption, each in ``0..N-1``, every image with at
-    least one caption (any number each); with ``grouped`` (a ``--sims`` matrix), in image order.
-    Anything else is a one-line :class:`UserError` naming the file."""
-    path = Path(path)
-    try:
-        ci = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise UserError(f"{path}: caption-image file not found") from None
-    except (ValueError, OSError) as exc:
-        raise UserError(f"{path}: cannot read a caption-image array as .npy ({exc})") from None
-    if not isinstance(ci, np.ndarray) or ci.ndim != 1 or not np.issubdtype(ci.dtype, np.integer):
-        what = f"{ci.dtype} {ci.shape}" if isinstance(ci, np.ndarray) else type(ci).__name__
-        raise UserError(f"{path}: expected a 1-D integer array (the image row of each caption), got {what}")
-    if ci.shape[0] != n_captions:
-        raise UserError(f"{path}: {ci.shape[0]} entries for {n_captions} captions (one per caption)")
-    if n_captions and (int(ci.min()) < 0 or int(ci.max()) >= n_images):
-        bad = int(np.flatnonzero((ci < 0) | (ci >= n_images))[0])
-        raise UserError(f"{path}: caption {bad} names image row {int(ci[bad])}, outside 0..{n_images - 1}")
-    counts = np.bincount(ci, minlength=n_images)
-    if (counts == 0).any():
-        missing = np.flatnonzero(counts == 0)
-        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        raise UserError(f"{path}: image rows without any caption cannot be ranked: "
-                        f"{', '.join(map(str, missing[:5]))}{more}")
-    if grouped and n_captions > 1 and (np.diff(ci) < 0).any():
-        raise UserError(f"{path}: the captions of a similarity matrix must be grouped by image "
-                        "(all captions of image 0, then of image 1, ...)")
-    return ci.astype(np.int64)
-
-
-def caption_image_beside(cap_emb: str | Path) -> Path | None:
-    """``{prefix}_caption_image.npy`` beside ``{prefix}_cap.npy`` (what ``export-embeddings`` writes), if
-    it is there."""
-    cap_emb = Path(cap_emb)
-    if not cap_emb.name.endswith("_cap.npy"):
-        return None
-    candidate = cap_emb.with_name(cap_emb.name[: -len("_cap.npy")] + "_caption_image.npy")
-    return candidate if candidate.is_file() else None
-
-
-def vsepp_images(images: np.ndarray, n_captions: int, captions_per_image: int, log: Log) -> np.ndarray:
-    """Image rows in the VSE++ layout: one per image, or one per caption reduced to every k-th row."""
-    k = captions_per_image
-    if k < 1:
-        raise UserError("--captions-per-image must be at least 1")
-    if images.shape[0] == n_captions and k > 1:
-        repeats = images.reshape(-1, k, images.shape[1])
-        same = bool((repeats == repeats[:, :1]).all())
-        log(f"note: the image file has one row per caption ({n_captions}); taking every {k}th row "
-            f"-> {n_captions // k} images" + ("" if same else " (the repeated rows are NOT identical)"))
-        images = images[::k]
-    if images.shape[0] * k != n_captions:
-        raise UserError(f"{images.shape[0]} images x {k} captions per image != {n_captions} captions "
-                        "(check --captions-per-image or the files)")
-    return images
-
-
-def load_similarity_file(path: str | Path) -> np.ndarray:
-    """A precomputed (images, captions) similarity matrix from ``.npy``, memory-mapped (never read whole)."""
-    path = Path(path)
-    try:
-        sims = np.load(path, mmap_mode="r", allow_pickle=False)
-    except FileNotFoundError:
-        raise UserError(f"{path}: similarity matrix file not found") from None
-    except (ValueError, OSError) as exc:
-        raise UserError(f"{path}: cannot read a similarity matrix as .npy ({exc})") from None
-    if not isinstance(sims, np.ndarray):
-        raise UserError(f"{path}: expected one array in .npy format (save the matrix with np.save)")
-    return sims
-
-
-def sims_images(sims: np.ndarray, captions_per_image: int, transposed: bool, name: str) -> int:
-    """The number of images N of an (N, k * N) matrix, or of a (k * N, N) one with ``transposed``.
-
-    A (k * N, N) matrix given without ``transposed`` is an error that says it looks transposed.
-    """
-    k = captions_per_image
-    if sims.ndim != 2:
-        raise UserError(f"{name}: a similarity matrix must be 2-D, got shape {sims.shape}")
-    rows, cols = sims.shape
-    n, m = (cols, rows) if transposed else (rows, cols)
-    if m == n * k:
-        return n
-    if not transposed and rows == cols * k:
-        raise UserError(f"{name}: shape {sims.shape} is (captions, images) = ({k} x {cols}, {cols}): the "
-                        "matrix is transposed; give --sims-transposed to read it as it is")
-    layout = "(captions, images)" if transposed else "(images, captions)"
-    raise UserError(f"{name}: shape {sims.shape} read as {layout} is not (N, {k} x N) "
-                    "(check --captions-per-image and --sims-transposed)")
 
 
 def _progress_hook(results_total: int) -> tuple[TileHook, Callable[[], None]]:
@@ -326,6 +220,30 @@ def check_run_outputs(run_dir: Path, outputs: dict[str, Path | None], overwrite:
                                   default=option in defaults)
 
 
+def _noise_analysis(run: LoadedRun, emb: Embeddings, split: str, ratios: list[float], protocol: str,
+                    noise_seed: int, fold_size: int, out: Path, log: Log) -> None:
+    """The CHAIN-VSE noise-robustness analysis of an embedded split: the table, ``noise_{split}.json``
+    and its plot in ``out``."""
+    from train.analysis import alphabet_from_chars_json, noise_robustness, plot_noise
+    from train.runs import encode_texts
+
+    chars = Path(run.settings.data or "") / "chars.json"
+    alphabet = alphabet_from_chars_json(chars) if chars.is_file() else None
+    log(f"noise analysis: {len(ratios)} ratios, protocol {protocol_label(protocol)}, seed {noise_seed}, "
+        f"alphabet {'from ' + str(chars) if alphabet else 'of the captions'}")
+    result = noise_robustness(
+        emb.images, emb.texts, emb.caption_image, lambda texts: encode_texts(run, texts),
+        run.settings.measure, ratios, protocol, alphabet, noise_seed, bool(run.settings.order_sqrt),
+        fold_size, run.device,
+        progress=lambda r, m: log(f"  noise {100 * r:.1f}%: i2t R@1 {m.i2t.r1:.1f} R@10 {m.i2t.r10:.1f}, "
+                                  f"t2i R@1 {m.t2i.r1:.1f} R@10 {m.t2i.r10:.1f}"), log=log)
+    log(format_noise_table([0.0] + result.ratios, [result.clean] + result.metrics,
+                           title=f"Robustness to input noise ({split}, {protocol_label(protocol)})"))
+    write_json_atomic(out / f"noise_{split}.json", result.to_json())
+    png = plot_noise(result, out / f"noise_{split}.png")
+    log(f"wrote {out / f'noise_{split}.json'} and {png}")
+
+
 def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = ("all",),
                  noise: str | None = None, length_analysis: bool = False, checkpoint: str = "best",
                  device: str = "auto", json_path: Path | None = None, out_dir: Path | None = None,
@@ -347,9 +265,9 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
     Every output is checked first (:func:`check_run_outputs`; ``overwrite``: replace existing files),
     and the run's dataset and features against its fingerprints (``accept_changed``: warn instead).
     """
-    from train.analysis import alphabet_from_chars_json, noise_robustness, parse_ratio_range, plot_noise
     from train.analysis import length_analysis as run_length_analysis
-    from train.runs import embed_split, encode_texts, load_run
+    from train.analysis import parse_ratio_range
+    from train.runs import embed_split, load_run
 
     protocols = parse_protocols(protocols)
     ratios = parse_ratio_range(noise) if noise else None
@@ -392,21 +310,7 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
                              gallery_queries, title=title)
         log(f"wrote the retrieval gallery {page}")
     if ratios is not None:
-        chars = Path(run.settings.data or "") / "chars.json"
-        alphabet = alphabet_from_chars_json(chars) if chars.is_file() else None
-        protocol = protocols[0]
-        log(f"noise analysis: {len(ratios)} ratios, protocol {protocol_label(protocol)}, seed {noise_seed}, "
-            f"alphabet {'from ' + str(chars) if alphabet else 'of the captions'}")
-        result = noise_robustness(
-            emb.images, emb.texts, emb.caption_image, lambda texts: encode_texts(run, texts), measure,
-            ratios, protocol, alphabet, noise_seed, order_sqrt, fold_size, run.device,
-            progress=lambda r, m: log(f"  noise {100 * r:.1f}%: i2t R@1 {m.i2t.r1:.1f} R@10 {m.i2t.r10:.1f}, "
-                                      f"t2i R@1 {m.t2i.r1:.1f} R@10 {m.t2i.r10:.1f}"), log=log)
-        log(format_noise_table([0.0] + result.ratios, [result.clean] + result.metrics,
-                               title=f"Robustness to input noise ({split}, {protocol_label(protocol)})"))
-        write_json_atomic(out / f"noise_{split}.json", result.to_json())
-        png = plot_noise(result, out / f"noise_{split}.png")
-        log(f"wrote {out / f'noise_{split}.json'} and {png}")
+        _noise_analysis(run, emb, split, ratios, protocols[0], noise_seed, fold_size, out, log)
     if length_analysis:
         groups = run_length_analysis(emb.images, emb.captions, emb.caption_image, emb.texts, measure,
                                      length_count, order_sqrt, run.device, log=log)
