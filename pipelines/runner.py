@@ -34,8 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pipelines.schema import Pipeline, default_pipelines_file, get_pipeline, load_pipelines
 from prep.dataset import RECORD_FILE, changed_inputs
-from prep.pipelines import Pipeline, default_pipelines_file, get_pipeline, load_pipelines
 from train.rundir import RunDir
 from vsecore.errors import UserError
 from vsecore.io import write_json_atomic
