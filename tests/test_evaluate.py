@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-import train.evaluate as ev
+import train.evaluate.ranking as ev
 import train.similarity as similarity_module
 from train.cli import main as train_main
 from train.evaluate import (
@@ -25,7 +25,7 @@ from train.evaluate import (
     protocol_folds,
     vsepp_caption_image,
 )
-from train.report import format_results, results_json
+from train.evaluate.tables import format_results, results_json
 from train.similarity import similarity
 from vsecore.errors import UserError
 

@@ -85,7 +85,7 @@ from vsecore.device import resolve_device
 from vsecore.errors import UserError
 
 PROTOCOLS = ("1k", "5cv", "5k", "all")
-#: how messages name the protocols (``train.report`` labels table rows the same way)
+#: how messages name the protocols (``train.evaluate.tables`` labels table rows the same way)
 PROTOCOL_NAMES = {"1k": "COCO-1k", "5cv": "COCO-5cv", "5k": "COCO-5k", "all": "all"}
 MEASURES = ("order", "cosine")
 RECALL_KS = (1, 5, 10)
