@@ -28,19 +28,6 @@ from pathlib import Path
 
 import torch
 
-from train.evaluate import (
-    MEASURES,
-    PROTOCOLS,
-    Log,
-    ProtocolResult,
-    TileHook,
-    chance_metrics,
-    check_similarity_matrix,
-    evaluate_protocols,
-    evaluate_similarities,
-    protocol_folds,
-    vsepp_caption_image,
-)
 from train.evaluate.files import (
     caption_image_beside,
     load_caption_image,
@@ -49,6 +36,17 @@ from train.evaluate.files import (
     sims_images,
     vsepp_images,
 )
+from train.evaluate.inputs import MEASURES, check_similarity_matrix
+from train.evaluate.metrics import chance_metrics
+from train.evaluate.protocols import (
+    PROTOCOLS,
+    ProtocolResult,
+    evaluate_protocols,
+    evaluate_similarities,
+    protocol_folds,
+    vsepp_caption_image,
+)
+from train.evaluate.ranking import Log, TileHook
 from train.evaluate.tables import (
     format_length_table,
     format_noise_table,
