@@ -72,11 +72,11 @@ def run_one(measure: str, dim: int, images: int, per_image: int, device: str, th
         _sync(device)
         torch.cuda.reset_peak_memory_stats()
     compile_s = 0.0
-    kernel = OrderKernel()  # as in a fresh train evaluate
+    evaluator_kernel = OrderKernel()  # as in a fresh train evaluate
     if measure == "order" and not device.startswith("cuda") and order_kernel in ("auto", "compiled"):
-        if order_kernel == "compiled" or n * m * dim >= kernel.compile_min_work:
+        if order_kernel == "compiled" or n * m * dim >= evaluator_kernel.compile_min_work:
             t0 = time.perf_counter()
-            kernel.prepare(dim, log=print)
+            evaluator_kernel.prepare(dim, log=print)
             compile_s = time.perf_counter() - t0
     rss_before = _maxrss_mb()
     evals, matmul = [], []
@@ -85,7 +85,7 @@ def run_one(measure: str, dim: int, images: int, per_image: int, device: str, th
         t0 = time.perf_counter()
         ranks = ground_truth_ranks(img, cap, ci, measure, device=device, block_images=block_images,
                                    block_captions=block_captions, stats=stats, order_kernel=order_kernel,
-                                   kernel=kernel)
+                                   kernel=evaluator_kernel)
         _sync(device)
         evals.append(time.perf_counter() - t0)
         if len(evals) == 1:  # before any N x M product exists
@@ -100,7 +100,7 @@ def run_one(measure: str, dim: int, images: int, per_image: int, device: str, th
     if measure == "order":
         if device.startswith("cuda") or order_kernel == "eager":
             kernel = "eager"
-        elif kernel.ready(dim) and order_kernel != "blocked":
+        elif evaluator_kernel.ready(dim) and order_kernel != "blocked":
             kernel = "compiled"
         else:
             kernel = "blocked"

@@ -59,13 +59,6 @@ def check_caption_image(caption_image: torch.Tensor, n: int, m: int) -> None:
                         + (" ..." if int((counts == 0).sum()) > 5 else ""))
 
 
-@dataclass(frozen=True)
-class _InputCheck:
-    """What :func:`_check_embeddings` learnt: warnings about usable but suspicious inputs."""
-
-    notes: list[str]
-
-
 #: a row whose L2 norm is within this of 1 is taken as the model's own unit vector, bit for bit
 UNIT_NORM_TOLERANCE = 1e-5
 
@@ -91,9 +84,8 @@ def unit_rows(t: torch.Tensor, block_rows: int = 4096) -> torch.Tensor:
     return out
 
 
-def _check_embeddings(images: torch.Tensor, captions: torch.Tensor,
-                      caption_image: torch.Tensor) -> _InputCheck:
-    """Raise on unusable inputs; note usable but suspicious ones (constant embeddings).
+def _check_embeddings(images: torch.Tensor, captions: torch.Tensor, caption_image: torch.Tensor) -> list[str]:
+    """Raise on unusable inputs; return notes on usable but suspicious ones (constant embeddings).
 
     One pass per matrix, in row blocks (no bool copy of the whole matrix): the column-wise minimum
     and maximum tell both whether everything is finite (NaN and infinity propagate) and whether all
@@ -121,7 +113,7 @@ def _check_embeddings(images: torch.Tensor, captions: torch.Tensor,
             notes.append(f"warning: the {name} embeddings are constant (all {t.shape[0]} rows identical, "
                          f"d = {t.shape[1]}): every {name} ties with every other, so {other} ranks are the "
                          "worst possible (ties count against the ground truth)")
-    return _InputCheck(notes)
+    return notes
 
 
 def check_similarity_matrix(sims: np.ndarray, caption_image: np.ndarray | torch.Tensor,
@@ -186,6 +178,9 @@ def prepare_embeddings(images: np.ndarray | torch.Tensor, captions: np.ndarray |
         device: where to compute (default: CUDA when available).
         block_images, block_captions: the largest tile (default by measure, d and device).
         check_size: called with N before the embeddings are scanned (a protocol's size check).
+
+    Returns:
+        :class:`EvaluationInputs` with ``images`` and ``captions`` on the device and ``notes``.
     """
     if measure not in MEASURES:
         raise UserError(f"unknown measure {measure!r} (expected one of {', '.join(MEASURES)})")
@@ -198,11 +193,11 @@ def prepare_embeddings(images: np.ndarray | torch.Tensor, captions: np.ndarray |
                         f"{tuple(ci.shape)}")
     if check_size is not None:
         check_size(img.shape[0])
-    check = _check_embeddings(img, cap, ci)
+    notes = _check_embeddings(img, cap, ci)
     blocks = block_sizes(measure, img.shape[1], dev, block_images, block_captions)
     if measure == "cosine":  # the cosine of unit rows: see unit_rows
         img, cap = unit_rows(img), unit_rows(cap)
-    return EvaluationInputs(ci, img.shape[0], dev, blocks, measure, img, cap, notes=tuple(check.notes))
+    return EvaluationInputs(ci, img.shape[0], dev, blocks, measure, img, cap, notes=tuple(notes))
 
 
 def prepare_similarities(sims: np.ndarray, caption_image: np.ndarray | torch.Tensor, transposed: bool = False,
@@ -215,6 +210,9 @@ def prepare_similarities(sims: np.ndarray, caption_image: np.ndarray | torch.Ten
         sims: (N images, M captions) float16/32/64, or (M, N) with ``transposed``.
         caption_image: (M,) image row of each caption, grouped by image.
         device, block_images, block_captions, check_size: as in :func:`prepare_embeddings`.
+
+    Returns:
+        :class:`EvaluationInputs` with ``sims`` (not copied) and ``caption_image`` on the device.
     """
     ci = as_caption_image(caption_image)
     check_similarity_matrix(sims, ci, transposed)
