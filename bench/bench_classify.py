@@ -16,7 +16,7 @@ of a prepared classification dataset (by default the sample of ``agnews-sample-c
   tokenized them (lowercased spaCy tokens joined by spaces), which is fastText's own normalisation.
 
 The test texts are evaluated clean and with 10% and 25% of their characters replaced
-(:func:`train.analysis.add_character_noise`, seeded per ratio as the retrieval analysis); fastText
+(:func:`train.evaluate.analysis.add_character_noise`, seeded per ratio as the retrieval analysis); fastText
 reads the noisy texts tokenized the same way. Parameters: the toolkit's trainable parameters;
 fastText's input matrix (words + hash buckets, ``dim`` wide) plus its output layer, as allocated.
 Training time: CPU seconds of this process (``time.process_time``) and wall seconds; on a shared
@@ -43,7 +43,7 @@ import numpy as np
 
 from pipelines.schema import get_pipeline
 from prep.textcls import TextClsDataset
-from train.analysis import add_character_noise, caption_alphabet
+from train.evaluate.analysis import add_character_noise, caption_alphabet
 from vsecore import console
 
 MODELS = ("chain-v1", "chain-v2", "word-gru", "fasttext")

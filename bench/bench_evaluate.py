@@ -54,8 +54,7 @@ def run_one(measure: str, dim: int, images: int, per_image: int, device: str, th
     """Evaluate one configuration in this process; returns the measurements."""
     import torch
 
-    import train.similarity as similarity_module
-    from train.evaluate import TileStats, ground_truth_ranks, vsepp_caption_image
+    from train.evaluate import OrderKernel, TileStats, ground_truth_ranks, vsepp_caption_image
 
     if threads:
         torch.set_num_threads(threads)
@@ -73,10 +72,11 @@ def run_one(measure: str, dim: int, images: int, per_image: int, device: str, th
         _sync(device)
         torch.cuda.reset_peak_memory_stats()
     compile_s = 0.0
+    evaluator_kernel = OrderKernel()  # as in a fresh train evaluate
     if measure == "order" and not device.startswith("cuda") and order_kernel in ("auto", "compiled"):
-        if order_kernel == "compiled" or n * m * dim >= similarity_module.COMPILE_MIN_WORK:
+        if order_kernel == "compiled" or n * m * dim >= evaluator_kernel.compile_min_work:
             t0 = time.perf_counter()
-            similarity_module.prepare_compiled_kernel(dim, log=print)
+            evaluator_kernel.prepare(dim, log=print)
             compile_s = time.perf_counter() - t0
     rss_before = _maxrss_mb()
     evals, matmul = [], []
@@ -84,7 +84,8 @@ def run_one(measure: str, dim: int, images: int, per_image: int, device: str, th
         stats = TileStats()
         t0 = time.perf_counter()
         ranks = ground_truth_ranks(img, cap, ci, measure, device=device, block_images=block_images,
-                                   block_captions=block_captions, stats=stats, order_kernel=order_kernel)
+                                   block_captions=block_captions, stats=stats, order_kernel=order_kernel,
+                                   kernel=evaluator_kernel)
         _sync(device)
         evals.append(time.perf_counter() - t0)
         if len(evals) == 1:  # before any N x M product exists
@@ -99,7 +100,7 @@ def run_one(measure: str, dim: int, images: int, per_image: int, device: str, th
     if measure == "order":
         if device.startswith("cuda") or order_kernel == "eager":
             kernel = "eager"
-        elif similarity_module.compiled_kernel_ready(dim) and order_kernel != "blocked":
+        elif evaluator_kernel.ready(dim) and order_kernel != "blocked":
             kernel = "compiled"
         else:
             kernel = "blocked"

@@ -1,6 +1,6 @@
 """What the run-directory checks cost a reader of a run: ``train evaluate --run`` with and without them.
 
-Times :func:`train.evaluate_cli.evaluate_run` on a run (its default outputs in ``RUN/eval``) ``--repeat``
+Times :func:`train.evaluate.cli.evaluate_run` on a run (its default outputs in ``RUN/eval``) ``--repeat``
 times with every check of ``docs/safety.md`` (output paths, the dataset files' fingerprints, the
 feature matrix's fingerprint), then as many times with those checks replaced by no-ops, alternating,
 and prints the medians, their difference, and each check timed alone (the dataset check both on its
@@ -19,7 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from train import evaluate_cli, runs  # noqa: E402
+from train import runs  # noqa: E402
+from train.evaluate import cli as evaluate_cli  # noqa: E402
 
 
 def _timed(fn: object, repeat: int) -> float:

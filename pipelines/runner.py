@@ -90,7 +90,7 @@ def _run_classify(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
 
 
 def _run_evaluate(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
-    from train.evaluate_cli import evaluate_run
+    from train.evaluate.cli import evaluate_run
 
     ev = pipe.evaluate
     if pipe.classify is not None:

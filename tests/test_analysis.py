@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from train.analysis import (
+from train.evaluate import ground_truth_ranks, metrics_from_ranks, select_image_rows, vsepp_caption_image
+from train.evaluate.analysis import (
     add_character_noise,
     alphabet_from_chars_json,
     caption_alphabet,
@@ -20,7 +21,6 @@ from train.analysis import (
     parse_ratio_range,
     plot_noise,
 )
-from train.evaluate import ground_truth_ranks, metrics_from_ranks, select_image_rows, vsepp_caption_image
 from vsecore.errors import UserError
 
 DIM = 512

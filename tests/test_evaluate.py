@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-import train.evaluate as ev
 import train.similarity as similarity_module
 from train.cli import main as train_main
 from train.evaluate import (
+    OrderKernel,
     TileStats,
     chance_metrics,
     default_block_sizes,
@@ -23,9 +23,10 @@ from train.evaluate import (
     ground_truth_ranks,
     metrics_from_ranks,
     protocol_folds,
+    unit_rows,
     vsepp_caption_image,
 )
-from train.report import format_results, results_json
+from train.evaluate.tables import format_results, results_json
 from train.similarity import similarity
 from vsecore.errors import UserError
 
@@ -37,7 +38,7 @@ def full_similarity(images, captions, measure: str, order_sqrt: bool = False) ->
     that of unit rows, as the evaluator defines it (``unit_rows``, tested on its own below)."""
     images, captions = torch.as_tensor(images), torch.as_tensor(captions)
     if measure == "cosine":
-        images, captions = ev.unit_rows(images.float()), ev.unit_rows(captions.float())
+        images, captions = unit_rows(images.float()), unit_rows(captions.float())
     return similarity(images, captions, measure, order_sqrt, fused=False).numpy()
 
 
@@ -159,10 +160,9 @@ def kernel(request, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
         return "cosine", "auto"
     if request.param == "compiled":
         monkeypatch.delenv("VSE_NO_COMPILE", raising=False)
-        if similarity_module.fused_backend() == "blocked":
-            monkeypatch.setattr(similarity_module, "_fused_backend", None)
-        similarity_module.prepare_compiled_kernel(6)  # about 12 to 50 s once per process
-        if similarity_module.fused_backend() != "compiled":
+        shared = OrderKernel.shared()  # what the evaluations below use
+        shared.prepare(6)  # about 12 to 50 s once per process
+        if shared.backend != "compiled":
             pytest.fail("torch.compile fell back (see the warning); set VSE_TEST_COMPILE=0 to skip")
     return "order", request.param
 
@@ -413,14 +413,30 @@ def test_protocol_metrics_match_naive(measure: str, protocol: str) -> None:
     assert len(got.folds) == (5 if protocol == "5cv" else 0)
 
 
-def test_every_pair_is_scored_once_in_bounded_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
-    shapes = []
+class RecordingKernel(OrderKernel):
+    """An evaluator's order kernel that records every tile it scores and every compilation it is asked for."""
 
-    def recording_similarity(images, captions, measure, order_sqrt=False, **kernel):
-        shapes.append((images.shape[0], captions.shape[0]))
-        return similarity(images, captions, measure, order_sqrt, **kernel)
+    def __init__(self, compile_min_work: int = 1 << 36) -> None:
+        super().__init__(compile_min_work)
+        self.tiles: list[tuple[int, int, str]] = []  # (images, captions, kernel) of each scored tile
+        self.prepared: list[int] = []
 
-    monkeypatch.setattr(ev, "similarity", recording_similarity)
+    def prepare(self, dim, log=None) -> float:
+        self.prepared.append(dim)
+        return 0.0
+
+    def choose(self, *args, **kwargs):
+        scorer = super().choose(*args, **kwargs)
+
+        def record(images, captions):
+            self.tiles.append((images.shape[0], captions.shape[0], scorer.kernel))
+            return scorer(images, captions) if scorer.kernel != "compiled" else \
+                similarity(images, captions, "order", scorer.order_sqrt, fused=True)
+        return record
+
+
+def test_every_pair_is_scored_once_in_bounded_tiles() -> None:
+    kernel = RecordingKernel()
     n, m = 50, 250
     seen = np.zeros((n, m), dtype=np.int64)
 
@@ -429,7 +445,8 @@ def test_every_pair_is_scored_once_in_bounded_tiles(monkeypatch: pytest.MonkeyPa
 
     im, cap = random_embeddings(n, m, 8, "order", seed=6)
     ground_truth_ranks(im, cap, vsepp_caption_image(n), "order", device="cpu", block_images=8,
-                       block_captions=32, on_tile=on_tile)
+                       block_captions=32, on_tile=on_tile, kernel=kernel)
+    shapes = [(a, b) for a, b, _ in kernel.tiles]
     assert (seen == 1).all()  # the counting covers the matrix exactly once
     assert max(a for a, _ in shapes) <= 8 and max(b for _, b in shapes) <= 32
     assert all(a * b <= 8 * 32 for a, b in shapes)  # never a whole row, column or the N x M matrix
@@ -437,30 +454,19 @@ def test_every_pair_is_scored_once_in_bounded_tiles(monkeypatch: pytest.MonkeyPa
     assert n * m < sum(a * b for a, b in shapes) <= 1.2 * n * m
 
 
-def test_order_kernel_is_decided_once_per_evaluation(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_order_kernel_is_decided_once_per_evaluation() -> None:
     """Many small tiles whose total work passes the threshold compile (once); a small evaluation does not."""
-    calls: list[dict] = []
-    prepared: list[int] = []
-
-    def recording_similarity(images, captions, measure, order_sqrt=False, **kernel):
-        calls.append(kernel)
-        return similarity(images, captions, measure, order_sqrt, fused=True, compile=False)
-
-    monkeypatch.setattr(ev, "similarity", recording_similarity)
-    monkeypatch.setattr(similarity_module, "prepare_compiled_kernel",
-                        lambda dim, log=None: prepared.append(dim))
     ci = vsepp_caption_image(60, 5)
     im, cap = random_embeddings(60, 300, 16, "order", seed=23)
     work = 5 * 12 * 60 * 16  # the 5cv folds' pairs x d
-    monkeypatch.setattr(similarity_module, "COMPILE_MIN_WORK", work + 1)
+    kernel = RecordingKernel(compile_min_work=work + 1)
     evaluate_protocols(im, cap, ci, "order", ["5cv"], fold_size=12, device="cpu", block_images=4,
-                       block_captions=8)
-    assert prepared == [] and len(calls) > 40 and all(c == {"fused": True, "compile": None} for c in calls)
-    calls.clear()
-    monkeypatch.setattr(similarity_module, "COMPILE_MIN_WORK", work)  # each tile is far below it
+                       block_captions=8, kernel=kernel)
+    assert kernel.prepared == [] and len(kernel.tiles) > 40 and all(k == "blocked" for *_, k in kernel.tiles)
+    kernel = RecordingKernel(compile_min_work=work)  # each tile is far below it
     evaluate_protocols(im, cap, ci, "order", ["5cv"], fold_size=12, device="cpu", block_images=4,
-                       block_captions=8)
-    assert prepared == [16] and all(c == {"fused": True, "compile": True} for c in calls)
+                       block_captions=8, kernel=kernel)
+    assert kernel.prepared == [16] and all(k == "compiled" for *_, k in kernel.tiles)
 
 
 def test_default_blocks_bound_memory_at_5k_by_8192() -> None:

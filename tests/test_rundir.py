@@ -402,7 +402,8 @@ def test_a_full_disk_during_training_is_one_line_with_what_was_kept(data, tmp_pa
 
 def test_a_full_disk_in_evaluate_and_export_is_one_line(trained: Path, tmp_path: Path, capsys,
                                                         monkeypatch) -> None:
-    from train import evaluate_cli, export
+    from train import export
+    from train.evaluate import cli as evaluate_cli
 
     def full(path: object, *args: object, **kwargs: object) -> None:
         raise _enospc(path)
@@ -422,7 +423,7 @@ def test_sigterm_while_writing_ranks_leaves_no_temporary(trained: Path, tmp_path
                                                          monkeypatch) -> None:
     import csv
 
-    from train import report
+    from train.evaluate import tables as report
 
     real = csv.writer
 

@@ -183,7 +183,7 @@ def test_multilingual_liwe_run_with_cross_language_loss(synthetic, tmp_path, cap
     assert test["protocols"] == test["languages"]["en"]["protocols"]
     assert all(v["protocols"]["all"]["rsum"] > 0 for v in test["languages"].values())
     # train evaluate --lang gives the same numbers as the run's own per-language evaluation
-    from train.evaluate_cli import evaluate_run
+    from train.evaluate.cli import evaluate_run
 
     evaluate_run(run, "test", ["all"], lang="de", device="cpu", log=lambda _: None)
     de = json.loads((run / "eval" / "test_best_de.json").read_text())

@@ -432,12 +432,12 @@ def evaluate_test(run_dir: Path, device: torch.device | str = "auto") -> dict[st
 def noise_accuracy(run: ClassificationRun, ratios: Sequence[float], split: str = "test", seed: int = 0
                    ) -> dict[str, Any]:
     """Accuracy of ``split`` with ``ratio`` of each text's characters replaced (the retrieval analysis's
-    :func:`train.analysis.add_character_noise`, same seeding per ratio), for each ratio.
+    :func:`train.evaluate.analysis.add_character_noise`, same seeding per ratio), for each ratio.
 
     Returns ``{"split", "seed", "clean": {accuracy, macro_f1}, "ratios": [{"ratio", "accuracy",
     "macro_f1"}]}``.
     """
-    from train.analysis import add_character_noise, caption_alphabet
+    from train.evaluate.analysis import add_character_noise, caption_alphabet
 
     texts = run.split_texts(split).texts
     alphabet = caption_alphabet(texts)

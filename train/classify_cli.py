@@ -82,8 +82,8 @@ def _predict_command(args: argparse.Namespace) -> int:
 
 def evaluate_command(args: argparse.Namespace, run_dir: Path) -> int:
     """``train evaluate --run R`` of a classification run: metrics of ``--split``, ``--noise`` accuracy."""
-    from train.analysis import parse_ratio_range
     from train.classify import load_classification_run, noise_accuracy, plot_noise_accuracy
+    from train.evaluate.analysis import parse_ratio_range
     from train.textcls_metrics import format_metrics
     from train.trainer import write_evaluation
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from vsecore.errors import add_common_options, run_cli
 
 #: modules that register subcommands, in --help order
-COMMAND_MODULES = ("train.fit", "train.classify_cli", "train.evaluate_cli", "train.query", "train.summary",
+COMMAND_MODULES = ("train.fit", "train.classify_cli", "train.evaluate.cli", "train.query", "train.summary",
                    "train.export", "train.model_export", "train.checkpoint_cli", "pipelines.runner")
 
 

@@ -392,7 +392,7 @@ def evaluate_test(run_dir: Path, settings: TrainSection, device: torch.device,
     if not RunDir(run_dir).best.is_file():
         log("no best checkpoint (no epoch finished); test evaluation skipped")
         return
-    from train.report import format_results, results_json
+    from train.evaluate.tables import format_results, results_json
 
     run = load_run(run_dir, "best", str(device))
     langs = list(dict.fromkeys([settings.lang, *settings.train_langs, *settings.cross_langs]))

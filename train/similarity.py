@@ -18,15 +18,12 @@ papers' equations.
 
 Three kernels compute the order violation. The eager one materialises the (N, m_chunk, d) broadcast
 and makes four passes over it; it is the only one that carries gradients and the one used on CUDA
-and for small blocks (training batches). Gradient-free CPU blocks (the evaluation) take a *fused*
-kernel that never builds the broadcast: the *blocked* eager kernel
-(:func:`_squared_violation_blocked`, plain torch ops on cache-sized sub-tiles, no compiler), or the
-*compiled* one, ``torch.compile`` (inductor, C++) of the same expression, one loop that reduces over
-d in registers, about 3x faster than the blocked kernel on 2 cores but with a first compilation of
-about 12 to 50 s (a few seconds with a warm inductor cache). So the compiled kernel is used only when
-it is already compiled in this process or the work is large enough to amortise the compilation
-(``COMPILE_MIN_WORK``; the evaluation decides once for all its tiles, see ``compile``), and never
-without a working compiler or with ``VSE_NO_COMPILE=1``. The fused kernels differ from the eager one
+and for small blocks (training batches). Gradient-free float32 CPU blocks (the evaluation, queries
+over a gallery) take a *fused* kernel that never builds the broadcast: the *blocked* one here
+(:func:`squared_violation_blocked`, plain torch ops on cache-sized sub-tiles, no compiler, no state),
+or one given as ``squared``: the evaluator passes the *compiled* kernel of its
+:class:`train.evaluate.order_kernel.OrderKernel` (``torch.compile`` of :func:`squared_violation_expr`,
+which owns the compilation and decides when it pays). The fused kernels differ from the eager one
 only in the order of the float32 summation over d: relative differences of about 1e-7 to 1e-6 of
 ``||max(0, c - i)||^2`` (bounded by ``d * 2**-24`` in the worst case), so rankings agree except
 between candidates whose scores are within that rounding of each other. Each kernel gives a pair the
@@ -35,9 +32,6 @@ same bits whatever block it is computed in (the sum over d runs in the same orde
 
 from __future__ import annotations
 
-import os
-import time
-import warnings
 from collections.abc import Callable
 
 import torch
@@ -51,30 +45,14 @@ _ORDER_CHUNK_ELEMS = 1 << 24
 #: needs for a tiny block
 FUSED_MIN_WORK = 1 << 22
 
-#: N x M x d (of one call, or of a whole evaluation: see ``compile``) from which the compiled kernel
-#: pays for its compilation. Measured on 2 cores (bench_evaluate.py, docs/evaluation.md): a cold
-#: compilation 19 to 27 s (more under load), and compiling saves about 0.4 ns per element operation
-#: (1,000 x 5,000 at d = 8192: 57 s blocked, 41 s compiled at load 9), so it pays from about 50 G operations,
-#: e.g. 5,000 x 25,000 captions at d >= 400. Below it (a 1k fold at d = 1024: 5 G) it does not pay.
-COMPILE_MIN_WORK = 1 << 36
-
-#: what one compilation takes, for the message that announces it (cold inductor cache, 2 cores)
-COMPILE_SECONDS_ESTIMATE = 20
-
-#: inductor changes its accumulator for reductions longer than this, so d above it compiles another kernel
-_LONG_REDUCTION = 4096
-
 #: the blocked kernel's (images x captions) sub-tile: under torch's 32768-element grain size, so
 #: each of its small ops runs in the calling thread. Parallel ops this small spend more time in
 #: thread synchronisation than in work, and on a loaded machine each barrier can wait a whole
 #: scheduler time slice (measured: 0.01 G elements/s with 2 threads vs 2 G with serial ops).
-_BLOCK_IMAGES, _BLOCK_CAPTIONS = 128, 255
+BLOCK_IMAGES, BLOCK_CAPTIONS = 128, 255
 
-#: which fused kernel the compiled path resolved to: None (not tried yet), "compiled" or "blocked"
-_fused_backend: str | None = None
-_compiled_kernel = None
-#: d ranges (``d > _LONG_REDUCTION``) for which the compiled kernel has run: compiled, so free to use
-_compiled_ready: set[bool] = set()
+#: a fused kernel: images (N, d), captions (M, d) -> ``||max(0, c - i)||^2`` (N, M), no broadcast
+SquaredViolation = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def cosine(images: torch.Tensor, captions: torch.Tensor) -> torch.Tensor:
@@ -83,7 +61,7 @@ def cosine(images: torch.Tensor, captions: torch.Tensor) -> torch.Tensor:
 
 
 def order_violation(images: torch.Tensor, captions: torch.Tensor, sqrt: bool = False,
-                    fused: bool | None = None, compile: bool | None = None) -> torch.Tensor:
+                    fused: bool | None = None, squared: SquaredViolation | None = None) -> torch.Tensor:
     """Negative order violation ``-||max(0, c - i)||^2`` of every pair.
 
     Args:
@@ -94,10 +72,8 @@ def order_violation(images: torch.Tensor, captions: torch.Tensor, sqrt: bool = F
             inputs are float32 on the CPU and ``N * M * d >= FUSED_MIN_WORK``; ``True`` takes it
             whenever no gradient is needed and the inputs are float32 on the CPU (the evaluation,
             so that all its tiles use one kernel); ``False`` always takes the eager kernel.
-        compile: which fused kernel: ``True`` the compiled one (compiling it now if needed; the
-            blocked one where no compiler works), ``False`` the blocked one, ``None`` the
-            compiled one only if it is already compiled for this range of d or
-            ``N * M * d >= COMPILE_MIN_WORK``.
+        squared: the fused kernel (default :func:`squared_violation_blocked`); the evaluator
+            passes its compiled one (:class:`train.evaluate.order_kernel.OrderKernel`).
 
     Returns:
         (N, M) similarities, ``<= 0``; 0 where the caption lies entirely below the image.
@@ -105,7 +81,7 @@ def order_violation(images: torch.Tensor, captions: torch.Tensor, sqrt: bool = F
         the fused kernels need only the (N, M) output (plus about 1 MB).
     """
     if _wants_fused(images, captions, fused):
-        out = _fused_squared_violation(images, captions, compile)
+        out = (squared or squared_violation_blocked)(images, captions)
         return -(out.sqrt_() if sqrt else out)
     return _eager_order_violation(images, captions, sqrt)
 
@@ -145,25 +121,28 @@ def _eager_order_violation(images: torch.Tensor, captions: torch.Tensor, sqrt: b
     return -out
 
 
-def _squared_violation_expr(images: torch.Tensor, captions: torch.Tensor) -> torch.Tensor:
+def squared_violation_expr(images: torch.Tensor, captions: torch.Tensor) -> torch.Tensor:
     """``||max(0, c - i)||^2`` as one expression (N, M): what ``torch.compile`` fuses."""
     return (captions.unsqueeze(0) - images.unsqueeze(1)).clamp_min(0).square().sum(dim=2)
 
 
-def _squared_violation_blocked(images: torch.Tensor, captions: torch.Tensor) -> torch.Tensor:
-    """``||max(0, c - i)||^2`` (N, M) without a compiler and without the N x M x d broadcast.
+def squared_violation_blocked(images: torch.Tensor, captions: torch.Tensor, block_images: int = BLOCK_IMAGES,
+                              block_captions: int = BLOCK_CAPTIONS) -> torch.Tensor:
+    """``||max(0, c - i)||^2`` (N, M) of images (N, d) and captions (M, d), without a compiler and
+    without the N x M x d broadcast.
 
     Loops over sub-tiles of the output and, inside one, over the d components: the update
     ``out += max(0, c_k - i_k)^2`` touches one (images x captions) block that stays in cache, so
     the three ops per component (subtract, clamp, multiply-add) run at cache speed instead of
     streaming a broadcast through memory four times. Components are summed one after the other
-    (not pairwise), hence the ``d * 2**-24`` bound on the relative rounding.
+    (not pairwise), hence the ``d * 2**-24`` bound on the relative rounding. The sub-tile is at most
+    ``block_images`` x ``block_captions`` (their product, for fewer images).
     """
     n, d = images.shape
     m = captions.shape[0]
     out = torch.zeros(n, m, dtype=torch.float32)
-    rows = max(1, min(n, _BLOCK_IMAGES))
-    cols = min(m, max(_BLOCK_CAPTIONS, (_BLOCK_IMAGES * _BLOCK_CAPTIONS) // rows))
+    rows = max(1, min(n, block_images))
+    cols = min(m, max(block_captions, (block_images * block_captions) // rows))
     for c0 in range(0, m, max(1, cols)):
         c_t = captions[c0:c0 + cols].t().contiguous()  # (d, cols): component k is a contiguous row
         for i0 in range(0, n, rows):
@@ -178,95 +157,14 @@ def _squared_violation_blocked(images: torch.Tensor, captions: torch.Tensor) -> 
     return out
 
 
-def _fused_squared_violation(images: torch.Tensor, captions: torch.Tensor,
-                             compile: bool | None = None) -> torch.Tensor:
-    """``||max(0, c - i)||^2`` (N, M) with the compiled kernel or the blocked one (see ``compile``)."""
-    global _fused_backend
-    n, d = images.shape
-    m = captions.shape[0]
-    long = d > _LONG_REDUCTION
-    wants = compile is True or (compile is None and (long in _compiled_ready
-                                                     or n * m * d >= COMPILE_MIN_WORK))
-    if not wants or n == 0 or m == 0 or d == 0:
-        return _squared_violation_blocked(images, captions)
-    if _fused_backend is None:
-        _fused_backend = _choose_backend()
-    if _fused_backend == "compiled":
-        try:
-            with torch.no_grad():
-                # dynamic shapes specialise size 1, which would compile another kernel: a single
-                # row is computed as two equal rows (the same bits as in any other block)
-                im = images.expand(2, d) if n == 1 else images
-                cap = captions.expand(2, d) if m == 1 else captions
-                out = _compiled_kernel(im.contiguous(), cap.contiguous())
-            _compiled_ready.add(long)
-            return out[:n, :m]
-        except Exception as exc:  # any inductor / compiler failure: fall back, once, never crash
-            _fused_backend = "blocked"
-            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-            warnings.warn(f"order_violation: torch.compile failed ({type(exc).__name__}: {first}); "
-                          "using the blocked eager kernel", RuntimeWarning, stacklevel=3)
-    return _squared_violation_blocked(images, captions)
-
-
-def _choose_backend() -> str:
-    global _compiled_kernel
-    if os.environ.get("VSE_NO_COMPILE", "") not in ("", "0"):
-        warnings.warn("order_violation: VSE_NO_COMPILE is set; using the blocked eager kernel",
-                      RuntimeWarning, stacklevel=4)
-        return "blocked"
-    try:
-        # one kernel for every block shape (d <= 4096 and d > 4096 compile one each, since
-        # inductor changes its accumulator for long reductions); fullgraph: fail here, not silently
-        _compiled_kernel = torch.compile(_squared_violation_expr, dynamic=True, fullgraph=True)
-    except Exception as exc:  # e.g. a Python version torch.compile does not support
-        warnings.warn(f"order_violation: torch.compile unavailable ({type(exc).__name__}: {exc}); "
-                      "using the blocked eager kernel", RuntimeWarning, stacklevel=4)
-        return "blocked"
-    return "compiled"
-
-
-def fused_backend() -> str | None:
-    """The compiled path's kernel: ``"compiled"``, ``"blocked"`` (no compiler), ``None`` if not tried."""
-    return _fused_backend
-
-
-def compiled_kernel_ready(dim: int) -> bool:
-    """Whether the compiled kernel has already run for embeddings of size ``dim`` (no compilation left)."""
-    return (dim > _LONG_REDUCTION) in _compiled_ready
-
-
-def compile_disabled() -> bool:
-    """Whether the compiled kernel is off: ``VSE_NO_COMPILE`` is set or compiling failed before."""
-    return _fused_backend == "blocked" or os.environ.get("VSE_NO_COMPILE", "") not in ("", "0")
-
-
-def prepare_compiled_kernel(dim: int, log: Callable[[str], None] | None = None) -> float:
-    """Compile the fused kernel for embeddings of size ``dim`` now, if not done yet; returns the seconds.
-
-    ``log`` gets one line before a compilation starts (none when the kernel is ready or disabled).
-    Compiling ahead of a computation keeps all its blocks on one kernel (a failure falls back before
-    the first block, not in the middle).
-    """
-    if compiled_kernel_ready(dim) or compile_disabled():
-        return 0.0
-    if log is not None:
-        log(f"compiling the fused order-violation kernel (once per process, ~{COMPILE_SECONDS_ESTIMATE} s; "
-            "VSE_NO_COMPILE=1 skips it)")
-    t0 = time.perf_counter()
-    probe = torch.zeros(2, max(1, dim))
-    _fused_squared_violation(probe, probe, compile=True)
-    return time.perf_counter() - t0
-
-
 def similarity(images: torch.Tensor, captions: torch.Tensor, measure: str, order_sqrt: bool = False,
-               fused: bool | None = None, compile: bool | None = None) -> torch.Tensor:
-    """Dispatch on ``measure`` (``"order"`` or ``"cosine"``); returns (N, M).
+               fused: bool | None = None, squared: SquaredViolation | None = None) -> torch.Tensor:
+    """Dispatch on ``measure`` (``"order"`` or ``"cosine"``): images (N, d), captions (M, d) -> (N, M).
 
-    ``fused`` and ``compile`` choose the order-violation kernel (see :func:`order_violation`).
+    ``fused`` and ``squared`` choose the order-violation kernel (see :func:`order_violation`).
     """
     if measure == "cosine":
         return cosine(images, captions)
     if measure == "order":
-        return order_violation(images, captions, sqrt=order_sqrt, fused=fused, compile=compile)
+        return order_violation(images, captions, sqrt=order_sqrt, fused=fused, squared=squared)
     raise ValueError(f"unknown similarity measure {measure!r} (expected 'order' or 'cosine')")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from train.checkpoint import load_checkpoint
-from train.evaluate_cli import check_distinct
+from train.evaluate.cli import check_distinct
 from train.plots import plot_parameters_vs_rsum
 from train.rundir import RunDir
 from train.runs import read_config

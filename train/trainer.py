@@ -408,7 +408,7 @@ class Trainer:
 
     def validate(self) -> tuple[float, dict[str, Any]]:
         """Embed the validation split and score it under ``val_protocol``: ``(rsum, metrics JSON)``."""
-        from train.report import results_json
+        from train.evaluate.tables import results_json
 
         images, captions = embed_caption_set(self.model, self.val_set, self.device, amp=self.settings.amp)
         results = retrieval_metrics(images, captions, self.val_set.caption_image, self.settings,

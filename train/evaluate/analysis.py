@@ -28,13 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from train.evaluate import (
-    Log,
-    RetrievalMetrics,
-    evaluate_protocols,
-    protocol_folds,
-    select_image_rows,
-)
+from train.evaluate.metrics import RetrievalMetrics
+from train.evaluate.protocols import evaluate_protocols, protocol_folds, select_image_rows
+from train.evaluate.ranking import Log
 from vsecore.errors import UserError
 
 #: re-encodes captions: list of M strings -> (M, d) embeddings

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from train.evaluate import ProtocolResult
+from train.evaluate.protocols import ProtocolResult
 from vsecore.io import atomic_file
 
 THUMBNAIL = 160

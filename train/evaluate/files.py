@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from train.evaluate import Log
+from train.evaluate.ranking import Log
 from vsecore.errors import UserError
 
 

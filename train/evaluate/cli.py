@@ -16,7 +16,7 @@ Three sources:
   It is memory-mapped and read tile by tile; ``--sims-transposed`` reads a (captions, images) file.
 
 ``--ranks OUT.csv`` writes one row per query (and ``--topk K`` its K best candidates), from the same
-blocked pass (see :func:`train.report.write_ranks_csv`).
+blocked pass (see :func:`train.evaluate.tables.write_ranks_csv`).
 """
 
 from __future__ import annotations
@@ -28,20 +28,7 @@ from pathlib import Path
 
 import torch
 
-from train.evaluate import (
-    MEASURES,
-    PROTOCOLS,
-    Log,
-    ProtocolResult,
-    TileHook,
-    chance_metrics,
-    check_similarity_matrix,
-    evaluate_protocols,
-    evaluate_similarities,
-    protocol_folds,
-    vsepp_caption_image,
-)
-from train.evaluate_inputs import (
+from train.evaluate.files import (
     caption_image_beside,
     load_caption_image,
     load_embedding_file,
@@ -49,7 +36,18 @@ from train.evaluate_inputs import (
     sims_images,
     vsepp_images,
 )
-from train.report import (
+from train.evaluate.inputs import MEASURES, check_similarity_matrix
+from train.evaluate.metrics import chance_metrics
+from train.evaluate.protocols import (
+    PROTOCOLS,
+    ProtocolResult,
+    evaluate_protocols,
+    evaluate_similarities,
+    protocol_folds,
+    vsepp_caption_image,
+)
+from train.evaluate.ranking import Log, TileHook
+from train.evaluate.tables import (
     format_length_table,
     format_noise_table,
     format_results,
@@ -224,7 +222,7 @@ def _noise_analysis(run: LoadedRun, emb: Embeddings, split: str, ratios: list[fl
                     noise_seed: int, fold_size: int, out: Path, log: Log) -> None:
     """The CHAIN-VSE noise-robustness analysis of an embedded split: the table, ``noise_{split}.json``
     and its plot in ``out``."""
-    from train.analysis import alphabet_from_chars_json, noise_robustness, plot_noise
+    from train.evaluate.analysis import alphabet_from_chars_json, noise_robustness, plot_noise
     from train.runs import encode_texts
 
     chars = Path(run.settings.data or "") / "chars.json"
@@ -258,15 +256,15 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
     ``<out>/noise_<split>.json`` + ``.png`` and ``<out>/length_<split>.json``; ``out`` defaults to
     ``RUN_DIR/eval``. ``ranks_path`` (and ``topk``): the per-query CSV. ``gallery_path``: an HTML
     page of ``gallery_queries`` sampled queries per direction with their top ``topk`` (default 5)
-    results (:mod:`train.gallery`). The protocols and the length analysis are checked against the
+    results (:mod:`train.evaluate.gallery`). The protocols and the length analysis are checked against the
     split's size before anything is embedded. ``lang``: evaluate the captions of that language (a
     multilingual run); the JSON is then ``<split>_<checkpoint>_<lang>.json``.
 
     Every output is checked first (:func:`check_run_outputs`; ``overwrite``: replace existing files),
     and the run's dataset and features against its fingerprints (``accept_changed``: warn instead).
     """
-    from train.analysis import length_analysis as run_length_analysis
-    from train.analysis import parse_ratio_range
+    from train.evaluate.analysis import length_analysis as run_length_analysis
+    from train.evaluate.analysis import parse_ratio_range
     from train.runs import embed_split, load_run
 
     protocols = parse_protocols(protocols)
@@ -303,7 +301,7 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
                                   log=log,
                                   ranks_path=ranks_path, topk=topk)
     if gallery_path is not None:
-        from train.gallery import write_gallery
+        from train.evaluate.gallery import write_gallery
 
         paths = [str(run.dataset.images[i].path) for i in emb.imgids]
         page = write_gallery(gallery_path, results[protocols[0]], emb.texts, paths, emb.caption_image.numpy(),

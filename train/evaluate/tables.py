@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from train.evaluate import PROTOCOL_NAMES, DirectionMetrics, ProtocolResult, RetrievalMetrics
+from train.evaluate.metrics import DirectionMetrics, RetrievalMetrics
+from train.evaluate.protocols import PROTOCOL_NAMES, ProtocolResult
 from vsecore.io import atomic_file
 
 #: columns of the ranks CSV (the last two only with top-K candidates)
