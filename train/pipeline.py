@@ -62,7 +62,7 @@ def _read_state(path: Path) -> dict[str, Any]:
 
 
 def _run_prep(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
-    from prep.cli import run_prep
+    from prep.run import run_prep
 
     run_prep(pipe.prep, overwrite=True)  # the pipeline's own prepared dataset: cheap to redo
 
