@@ -68,7 +68,7 @@ def _run_prep(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
 
 
 def _run_features(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
-    from features.cli import run_features
+    from features.run import run_features
 
     run_features(pipe.features, overwrite=overwrite and not resume)
 
