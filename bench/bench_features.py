@@ -34,10 +34,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from features.cli import run_features  # noqa: E402
 from features.crops import image_crops  # noqa: E402
 from features.images import load_image  # noqa: E402
 from features.mapper import ImageMapper  # noqa: E402
+from features.run import run_features  # noqa: E402
 from pipelines.schema import FeaturesSection  # noqa: E402
 from vsecore.device import resolve_device  # noqa: E402
 

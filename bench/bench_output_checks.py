@@ -82,7 +82,7 @@ def end_to_end(trees: list[Path], work: Path, images: int, rows: int, width: int
 
 def checks_alone(work: Path, coco_sample: Path | None) -> None:
     """Per-call cost of the checks on the normal path, in this process."""
-    from prep.cli import find_missing_images
+    from prep.build import find_missing_images
     from prep.tokenize import lone_surrogate, strip_controls, tokenize
     from vsecore.outputs import check_output_file, check_output_folder
 
@@ -98,7 +98,7 @@ def checks_alone(work: Path, coco_sample: Path | None) -> None:
     if coco_sample is not None:
         texts = [row["caption"] for row in json.loads((coco_sample / "train.json").read_text())] * 3
     start = time.perf_counter()
-    for t in texts:  # what prep.cli's cleaner adds per caption
+    for t in texts:  # what prep.build's cleaner adds per caption
         if not t.isprintable():
             lone_surrogate(t)
             strip_controls(t)

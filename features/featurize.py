@@ -3,8 +3,9 @@
 A trained run knows its feature store; to embed an image that is not in the store (a query, a
 user's photo), the same network, weights, crops and sizes must run again, and for the Full-Network
 Embedding the store's own train-split statistics and thresholds must discretise the result.
-:class:`StoreFeaturizer` rebuilds that extractor from the store's recorded configuration and
-checks that the weights it loads are the ones the store was made with (their SHA-256).
+:class:`StoreFeaturizer` rebuilds that extractor from the store's recorded configuration (with
+:func:`features.recipe.mapper_config`, as extraction does) and checks that the weights it loads are
+the ones the store was made with (their SHA-256).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from features.store import FeatureStore, parse_spec
+from features.recipe import ImageMapperFactory
+from features.spec import FeatureSpec
+from features.store import FeatureStore
 from vsecore.errors import UserError
 
 
@@ -30,10 +33,8 @@ class StoreFeaturizer:
     """
 
     def __init__(self, spec: str, device: str = "cpu") -> None:
-        from features.mapper import ImageMapper
-        from vsecore.device import resolve_device
-
-        path, key = parse_spec(spec)
+        parsed = FeatureSpec.parse(spec)
+        path = parsed.store
         self.store = FeatureStore(path)
         self.store.require_complete()
         config = self.store.attrs.get("config", {})
@@ -42,15 +43,12 @@ class StoreFeaturizer:
             origin = "imported" if kind == "import" else f"made by {kind}"
             raise UserError(f"{path}: its rows were {origin}, so new images cannot be featurized the same "
                             "way (extract the store with `features cnn|fne` to query with images)")
-        self.key = key or ("global" if self.store.has("global") else "fne")
+        self.key = parsed.key_in(self.store.has)
         if (self.key == "global") != (kind == "cnn"):
             raise UserError(f"{path}: has no '{self.key}' features")
-        self.mapper = ImageMapper.from_config({
-            "cnn": config["cnn"], "weights": config.get("weights", "imagenet"),
-            "kind": "fne" if kind == "fne" else "global", "crops": int(config.get("crops", 10)),
-            "batch_size": 32,
-            "device": str(resolve_device(device)), "input_size": config.get("input_size"),
-            "resize": config.get("resize"), "amp": bool(config.get("amp", False))})
+        # the mapper the store was made with, built from its recorded config as extraction builds it
+        self.recipe = ImageMapperFactory.from_store(config, device=device)
+        self.mapper = self.recipe.build()
         recorded, loaded = config.get("weights_sha256"), self.mapper.backbone.weights_sha256
         if recorded != loaded:
             raise UserError(f"{path}: the store was made with weights {str(recorded)[:12]}..., the weights "

@@ -56,6 +56,7 @@ import numpy as np
 import zarr
 
 import prep
+from features.spec import SPEC_ARRAYS, FeatureSpec
 from prep.dataset import DATASET_FILE, PreparedDataset
 from vsecore.errors import UserError
 from vsecore.io import atomic_directory, sha256_file
@@ -632,16 +633,11 @@ def probe_writable(path: Path) -> None:
 #: scan-precomp|butd-tsv``)
 REGION_ARRAYS = ("regions", "boxes", "counts", "image_size")
 
-#: keys of ``STORE:key`` specs: global CNN features, the ternary FNE, the raw FNE, region features
-KEYS = ("global", "fne", "fne_raw", "regions")
-
 
 def parse_spec(spec: str) -> tuple[Path, str | None]:
-    """``"PATH.zarr:key"`` -> ``(PATH.zarr, key)``; a bare path -> ``(path, None)``."""
-    head, sep, tail = str(spec).rpartition(":")
-    if sep and tail in KEYS and head:
-        return Path(head), tail
-    return Path(spec), None
+    """``"PATH.zarr:key"`` -> ``(PATH.zarr, key)``; a bare path -> ``(path, None)`` (:class:`FeatureSpec`)."""
+    parsed = FeatureSpec.parse(spec)
+    return parsed.store, parsed.key
 
 
 def check_store_matches(store: FeatureStore, dataset: PreparedDataset) -> None:
@@ -674,17 +670,14 @@ def check_store_matches(store: FeatureStore, dataset: PreparedDataset) -> None:
                         "differ; extract features for this dataset (or use its own store)")
 
 
-#: array of each ``STORE:key`` spec
-SPEC_ARRAYS = {"global": "global", "fne": "fne/ternary", "fne_raw": "fne/raw", "regions": "regions"}
-
-
 def _open_for_reading(spec: str, dataset: PreparedDataset | str | os.PathLike | None
                       ) -> tuple[FeatureStore, Path, str]:
     """The finished store of ``spec`` (checked against ``dataset``), its path and the array name to read.
 
     A store being rewritten (or written) is a one-line error (:meth:`FeatureStore.check_readable`).
     """
-    path, key = parse_spec(spec)
+    parsed = FeatureSpec.parse(spec)
+    path = parsed.store
     store = FeatureStore(path)
     if dataset is not None:
         if not isinstance(dataset, PreparedDataset):
@@ -693,8 +686,7 @@ def _open_for_reading(spec: str, dataset: PreparedDataset | str | os.PathLike | 
     store.check_readable(store.opened_state)
     with consistent_read(store):  # a rewrite starting now explains what these checks see
         store.require_complete()
-        if key is None:
-            key = next((k for k in ("global", "fne", "regions") if store.has(SPEC_ARRAYS[k])), "global")
+        key = parsed.key_in(store.has)
         name = SPEC_ARRAYS[key]
         if not store.has(name):
             have = [k for k, n in SPEC_ARRAYS.items() if store.has(n)]

@@ -62,13 +62,13 @@ def _read_state(path: Path) -> dict[str, Any]:
 
 
 def _run_prep(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
-    from prep.cli import run_prep
+    from prep.run import run_prep
 
     run_prep(pipe.prep, overwrite=True)  # the pipeline's own prepared dataset: cheap to redo
 
 
 def _run_features(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
-    from features.cli import run_features
+    from features.run import run_features
 
     run_features(pipe.features, overwrite=overwrite and not resume)
 

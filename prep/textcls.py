@@ -2,7 +2,7 @@
 
 The folder has the same guarantees as every prepared dataset (``docs/ARCHITECTURE.md``): written
 into a temporary sibling that replaces ``--out`` only on success, the ``--out`` rules of
-:func:`prep.cli.check_out`, the ``.vse-prepared`` marker, train-only ``chars.json`` / ``words.json``
+:func:`prep.run.check_out`, the ``.vse-prepared`` marker, train-only ``chars.json`` / ``words.json``
 (:mod:`prep.vocab`) and a ``prep.json`` record with the inputs' SHA-256. Its ``dataset.json`` is
 not the Karpathy schema but::
 
@@ -227,10 +227,10 @@ def split_counts(dataset: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def run_textcls_prep(settings: PrepSection, overwrite: bool = False) -> Path:
     """Prepare a classification dataset into ``settings.out`` (replaced only on success); the folder.
 
-    The same checks and locking as :func:`prep.cli.run_prep`: ``--out`` may not be, hold or lie in
+    The same checks and locking as :func:`prep.run.run_prep`: ``--out`` may not be, hold or lie in
     an input; a prepared dataset there is replaced only with ``overwrite``.
     """
-    from prep.cli import _given_inputs, _os_error, check_not_input, check_out
+    from prep.run import _given_inputs, _os_error, check_not_input, check_out
 
     out = Path(settings.out).expanduser().resolve()
     try:

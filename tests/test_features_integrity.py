@@ -20,9 +20,10 @@ from test_features_cli import BASE
 from test_features_store import ColourFactory, make_prepared, new_store, paths_of
 
 from features import store as store_module
-from features.cli import main, rethreshold_store
+from features.cli import main
 from features.executors import InProcessExecutor
 from features.extract import extract, finish_fne
+from features.run import rethreshold_store
 from features.store import TERNARY, TERNARY_NEW, TERNARY_OLD, FeatureStore, check_store_matches, read_matrix
 from features.verify import check_files, verify_store
 from prep.dataset import PreparedDataset
@@ -363,7 +364,7 @@ def test_sigkilled_rethreshold_leaves_a_complete_array(fne_store):
     old_thresholds, old_values = ternary_state(fne_store)
     code = ("import sys, time\n"
             "from features import store as S\n"
-            "from features.cli import rethreshold_store\n"
+            "from features.run import rethreshold_store\n"
             "real = S.StoreArray.__setitem__\n"
             "def slow(self, key, value):\n"
             "    real(self, key, value)\n"

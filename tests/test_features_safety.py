@@ -231,8 +231,8 @@ def race(reader, writer, seconds: float = 4.0, pause: float = 0.3) -> tuple[list
 
 
 def test_reader_racing_rethreshold_sees_one_version_or_is_told(tmp_path):
-    from features.cli import rethreshold_store
     from features.fne import ternarize
+    from features.run import rethreshold_store
 
     path = synthetic_fne_store(tmp_path / "f.zarr")
     store = FeatureStore(path)
@@ -426,7 +426,7 @@ def test_read_only_store_is_said_before_any_block(data, tmp_path, monkeypatch, c
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", read_only)
-    monkeypatch.setattr("features.cli.cached_mapper", lambda f: pytest.fail("the model was loaded"))
+    monkeypatch.setattr("features.run.cached_mapper", lambda f: pytest.fail("the model was loaded"))
     assert cnn(data, out, "--block-size", "4") == 2
     err = one_line_error(capsys)
     assert "the feature store is not writable (Read-only file system); nothing was computed" in err

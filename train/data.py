@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from features.spec import FeatureSpec
 from prep.dataset import PAD_INDEX, PreparedDataset, Vocabulary
 from vsecore.errors import UserError
 
@@ -58,10 +59,10 @@ def feature_spec(features: str, regions: bool = False) -> str:
     ``regions`` for region models (``regions=True``, which need the key); a bare store path lets the
     reader pick for the others.
     """
-    store, sep, key = features.rpartition(":")
-    if regions and not (sep and store and key == "regions"):
+    named_regions = FeatureSpec.parse(features).is_regions
+    if regions and not named_regions:
         raise UserError(f"{features}: this family reads region features ('STORE:regions')")
-    if not regions and sep and store and key == "regions":
+    if not regions and named_regions:
         raise UserError(f"{features}: region features need the clmr/liwe families, not a model with a "
                         "linear image side (use ':global' or ':fne')")
     return features

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from features.spec import FeatureSpec
 from pipelines.schema import ClassifySection
 from prep.dataset import CHARS_FILE, DATASET_FILE, WORDS_FILE, PreparedDataset
 from train.checkpoint import check_model_state, load_checkpoint
@@ -145,9 +146,7 @@ def store_path(features: str | None) -> str | None:
     """The store folder of a ``STORE[:global|:fne|:regions]`` spec (None for None)."""
     if not features:
         return None
-    from features.store import parse_spec
-
-    return str(parse_spec(features)[0])
+    return str(FeatureSpec.parse(features).store)
 
 
 def run_inputs(run_dir: str | os.PathLike, config: dict[str, Any] | None = None) -> list[str]:
@@ -175,11 +174,8 @@ def absolute_settings(settings: TrainSection) -> TrainSection:
     if settings.data:
         update["data"] = os.path.abspath(settings.data)
     if settings.features:
-        store, sep, key = settings.features.rpartition(":")
-        if sep and store and "/" not in key and "\\" not in key:
-            update["features"] = f"{os.path.abspath(store)}:{key}"
-        else:
-            update["features"] = os.path.abspath(settings.features)
+        spec = FeatureSpec.parse(settings.features)
+        update["features"] = str(FeatureSpec(Path(os.path.abspath(spec.store)), spec.key))
     return settings.model_copy(update=update)
 
 

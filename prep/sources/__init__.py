@@ -2,7 +2,7 @@
 
 Each reader turns its raw files into a :class:`RawDataset`: images with their split and captions
 as written (before cleaning and tokenization), optional cross-language pairs, the input files to
-record, and what it dropped or excluded. :func:`prep.cli.run_prep` then cleans, tokenizes, checks
+record, and what it dropped or excluded. :func:`prep.run.run_prep` then cleans, tokenizes, checks
 and writes it in the prepared-dataset format.
 """
 

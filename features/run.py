@@ -1,0 +1,236 @@
+"""``features cnn|fne|regions`` as a library: images of a prepared dataset -> a feature store.
+
+:func:`run_features` is the whole extraction for one validated :class:`~pipelines.schema.FeaturesSection`:
+the mapper's recipe from :mod:`features.recipe`, blocks mapped and written by
+:func:`features.extract.extract` in this process or on a Dask cluster, the FNE statistics and ternary
+code after them;
+:func:`rethreshold_store` rewrites only the ternary code. Both hold the store's lock
+(:func:`vsecore.io.exclusive_lock`) for their whole run. :mod:`features.cli`, the pipeline runner and
+the benchmarks call them.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from features.executors import cached_mapper, check_scheduler, open_executor
+from features.extract import ExtractSummary, Mapper, extract, finish_fne, retry_failures, write_ternary
+from features.images import check_sizes
+from features.recipe import SPEED_KEYS, ImageMapperFactory, recorded_settings
+from features.store import WRITE_ERRNOS, FeatureStore, blocks_kept, probe_writable
+from pipelines.schema import FeaturesSection
+from prep.dataset import DATASET_FILE, PreparedDataset
+from vsecore.device import resolve_device
+from vsecore.errors import UserError
+from vsecore.io import exclusive_lock, sha256_file
+
+
+def _dataset(settings: FeaturesSection) -> PreparedDataset:
+    if not settings.data:
+        raise UserError("features: --data is required (a prepared dataset folder; give it or use --pipeline)")
+    return PreparedDataset.load(settings.data)
+
+
+def store_config(settings: FeaturesSection, mapper: Mapper, images_sha256: str,
+                 n_rows: int) -> dict[str, Any]:
+    """The settings that determine the stored numbers: a resumed run must match them exactly.
+
+    The rows' identity is ``images_sha256`` (the prepared dataset's ordered images and splits), not
+    the whole ``dataset.json``: re-preparing captions keeps a store resumable. Batch size, threads,
+    device, scheduler and workers are left out: they change speed (and at most the last bits of
+    CPU rows, see :func:`features.recipe.torch_threads`), not what the rows are. Every mapper
+    setting the run asked for (:func:`features.recipe.recorded_settings`) is recorded, which is what
+    query-time featurisation rebuilds the mapper from (:func:`features.recipe.mapper_config`).
+    """
+    prov = mapper.provenance
+    if settings.kind == "regions":
+        described = getattr(mapper, "config", {})
+        # amp as asked: on a cluster the driver's CPU copy has it off while CUDA workers use it
+        config = {**{k: v for k, v in described.items() if k not in SPEED_KEYS}, "kind": "regions",
+                  "amp": settings.amp, "weights_sha256": prov.get("weights_sha256"),
+                  "block_size": settings.block_size,
+                  "images_sha256": images_sha256, "n_rows": n_rows, "outputs": dict(mapper.outputs)}
+    else:
+        config = {
+            "kind": settings.kind, "cnn": settings.cnn, "weights": settings.weights,
+            "weights_sha256": prov.get("weights_sha256"), "crops": settings.crops,
+            "input_size": prov.get("input_size", settings.input_size),
+            "resize": prov.get("resize", settings.resize),
+            "amp": settings.amp, "block_size": settings.block_size, "images_sha256": images_sha256,
+            "n_rows": n_rows, "outputs": dict(mapper.outputs),
+        }
+        if settings.kind == "fne":
+            config["thresholds"] = [settings.threshold_low, settings.threshold_high]
+    unrecorded = {k: v for k, v in recorded_settings(settings).items() if k not in config}
+    return {**config, **unrecorded}
+
+
+def run_features(settings: FeaturesSection, overwrite: bool = False, rethreshold: bool = False,
+                 progress: bool = True, retry_failed: bool = False) -> Path:
+    """Run ``features cnn|fne|regions`` with resolved ``settings``; return the store's path.
+
+    Resumes a store made with the same configuration (recomputing finished blocks whose chunk
+    files are missing or empty), refuses one made with another (unless ``overwrite``).
+    ``rethreshold`` (fne only) rewrites only the ternary array. The store's lock is held from
+    before anything is deleted until the end, Dask runs included (the driver holds it). Images whose
+    failure may be transient (missing file, I/O error, truncated file) are retried on resume;
+    ``retry_failed`` retries every recorded failure.
+    """
+    out = Path(settings.out)
+    if rethreshold:
+        return rethreshold_store(out, settings.threshold_low, settings.threshold_high)
+    _check_thresholds(settings)
+    check_sizes(settings.input_size, None if settings.kind == "regions" else settings.resize)
+    check_scheduler(settings.scheduler, settings.workers)
+    dataset = _dataset(settings)
+    if not dataset.images:
+        raise UserError(f"{dataset.root}: the prepared dataset has no images")
+    # Locked before the model is loaded (a second writer is told at once) and before --overwrite
+    # deletes anything; released by the kernel if this process dies.
+    with exclusive_lock(out, "the feature store"):
+        summary = _extract_locked(settings, dataset, out, overwrite, progress, retry_failed)
+    _print_summary(summary, out)
+    return out
+
+
+def _extract_locked(settings: FeaturesSection, dataset: PreparedDataset, out: Path, overwrite: bool,
+                    progress: bool, retry_failed: bool = False) -> ExtractSummary:
+    """The body of :func:`run_features`, run while holding the store's lock."""
+    if out.is_dir() and not overwrite:
+        probe_writable(out)
+    dataset_sha = sha256_file(dataset.root / DATASET_FILE)
+    images_sha = dataset.images_fingerprint()
+    paths = [str(p) for p in dataset.image_paths()]
+    imgids = np.arange(len(paths), dtype=np.int64)
+    in_process = settings.scheduler == "none"
+    # The driver needs the widths and provenance; in-process its mapper is the one that computes.
+    # On a cluster the driver's copy only describes the model, so it stays on the CPU, and
+    # ``auto`` is resolved by each worker (the driver may have no GPU).
+    if in_process:
+        factory = driver = ImageMapperFactory.from_settings(settings, str(resolve_device(settings.device)))
+    else:
+        factory = ImageMapperFactory.from_settings(settings)
+        driver = ImageMapperFactory.from_settings(settings, "cpu")
+    mapper = cached_mapper(driver)
+    config = store_config(settings, mapper, images_sha, len(paths))
+    provenance = {**mapper.provenance, "dataset": str(dataset.root), "dataset_sha256": dataset_sha,
+                  "images_sha256": images_sha, "thresholds": config.get("thresholds"),
+                  "torch_threads": factory.config["threads"]}
+    hints = {"thresholds": "use `features fne --rethreshold` to change only the thresholds, or --overwrite"}
+    resuming = out.exists() and not overwrite
+    store = FeatureStore.open_or_create(out, imgids, mapper.outputs, settings.block_size, config,
+                                        provenance, overwrite=overwrite, hints=hints,
+                                        dtypes=getattr(mapper, "dtypes", None))
+    if resuming:
+        _recompute_damaged(store)
+        _retry_failures(store, retry_failed)
+    try:
+        with open_executor(settings.scheduler, settings.workers) as executor:
+            summary = extract(store, paths, factory, executor, settings.on_error, progress,
+                              resize=_mapper_resize(settings, mapper))
+        if settings.kind == "fne":
+            train = np.array([im.split == "train" for im in dataset.images], dtype=bool)
+            finish_fne(store, train, settings.threshold_low, settings.threshold_high)
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: say what is kept
+        exc.args = (f"interrupted: {blocks_kept(store)}, re-run the same command to resume",)
+        raise
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        raise UserError(f"{out}: cannot write the feature store ({exc.strerror or exc}); "
+                        f"{blocks_kept(store)}: {WRITE_ERRNOS[exc.errno]} and re-run the same command to "
+                        "resume") from None
+    store.set_attrs(failures=summary.failures, complete=True,
+                    summary={"rows_written": summary.rows_written, "rows_skipped": summary.rows_skipped,
+                             "failed": len(summary.failures), "seconds": round(summary.seconds, 3)})
+    return summary
+
+
+def _mapper_resize(settings: FeaturesSection, mapper: Mapper) -> int | None:
+    """The shorter side the crops mapper resizes images to (region mappers bound their own views)."""
+    if settings.kind == "regions":
+        return None
+    backbone = getattr(mapper, "backbone", None)
+    return int(backbone.resize) if backbone is not None else None
+
+
+def _recompute_damaged(store: FeatureStore) -> None:
+    """The resume check: clear the flags of finished blocks whose chunk files are missing or empty.
+
+    Files are only ``stat``-ed (see :mod:`features.verify`); ``features verify`` decodes them.
+    """
+    from features.verify import check_files
+
+    damaged = check_files(store)
+    if damaged:
+        first = min(damaged)
+        print(f"features: {len(damaged)} finished block(s) of {store.path} are damaged (block {first}: "
+              f"{damaged[first][0]}); recomputing them", file=sys.stderr)
+        store.clear_blocks(sorted(damaged))
+
+
+def _retry_failures(store: FeatureStore, everything: bool = False) -> None:
+    """Recompute the finished blocks holding failures that may be transient (every failure with
+    ``everything``; :func:`features.extract.retry_failures`), saying so on stderr."""
+    images, blocks = retry_failures(store, everything)
+    if blocks:
+        what = ("recorded failures" if everything
+                else "failures that may be transient (missing file, I/O error, truncated file)")
+        print(f"features: retrying {images} image(s) with {what}: recomputing {blocks} block(s)",
+              file=sys.stderr)
+
+
+def _check_thresholds(settings: FeaturesSection) -> None:
+    check_threshold_options(settings.threshold_low, settings.threshold_high)
+
+
+def check_threshold_options(low: float, high: float) -> None:
+    """A one-line :class:`UserError` unless ``--threshold-low`` and ``--threshold-high`` are finite and
+    ``low < high`` (NaN or inf would silently give a ternary code of {0, 1} or all zeros)."""
+    from features.fne import check_thresholds
+
+    for option, value in (("--threshold-low", low), ("--threshold-high", high)):
+        if not math.isfinite(value):
+            raise UserError(f"{option} {value}: must be a finite number")
+    try:
+        check_thresholds(low, high)
+    except ValueError:
+        raise UserError(f"--threshold-low ({low}) must be below --threshold-high ({high})") from None
+
+
+def rethreshold_store(path: Path, low: float, high: float) -> Path:
+    """Recompute ``fne/ternary`` of a finished FNE store with new thresholds, under the store's lock.
+
+    The new array is written aside and swapped in (:meth:`FeatureStore.replace_ternary`): a kill at
+    any point leaves a complete ternary array whose attributes name its thresholds.
+    """
+    check_threshold_options(low, high)
+    FeatureStore(path)  # a clear error for a path that is not a store, before creating a lock file
+    with exclusive_lock(path, "the feature store"):
+        probe_writable(path)
+        store = FeatureStore(path, mode="r+")
+        store.recover()
+        store.require_complete()
+        if not store.has("fne/mean"):
+            raise UserError(f"{path}: not a Full-Network Embedding store (no fne/mean); "
+                            "nothing to rethreshold")
+        write_ternary(store, low, high)
+    print(f"features: rewrote fne/ternary with thresholds {low} / {high} -> {path}")
+    return path
+
+
+def _print_summary(summary: ExtractSummary, out: Path) -> None:
+    print(summary.line(out))
+    for f in summary.failures[:20]:
+        print(f"  failed imgid {f['imgid']}: {f['path']}: {f['reason']}")
+    if len(summary.failures) > 20:
+        print(f"  ... and {len(summary.failures) - 20} more (all listed in the store's 'failures' attribute)")
+    if summary.rows_written:
+        total = summary.decode_s + summary.map_s + summary.write_s
+        print(f"features: time in blocks: decode {summary.decode_s:.1f} s, network {summary.map_s:.1f} s, "
+              f"write {summary.write_s:.1f} s (sum over workers {total:.1f} s)", file=sys.stderr)
