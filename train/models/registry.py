@@ -156,6 +156,12 @@ class LinearImageEncoder(nn.Module):
 register_image_encoder("linear")(LinearImageEncoder)
 
 
+def list_families() -> list[str]:
+    """Names of the registered model families, in registration order (``chain``, ``oecc``, ...)."""
+    _load_builtin_models()
+    return list(_FAMILIES)
+
+
 def list_text_encoders() -> list[str]:
     """Sorted names of the registered text encoders."""
     _load_builtin_models()
