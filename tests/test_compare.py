@@ -162,3 +162,39 @@ def test_compare_never_writes_into_an_input(inputs, capsys) -> None:
     assert train_main(["compare", "--data", inputs["data"], "--features", inputs["features"],
                        "--families", "chain", "--out", inputs["data"]]) == 2
     assert "is an input of this command" in capsys.readouterr().err
+
+
+def test_the_compare_pipeline_chains_its_stores() -> None:
+    from prep.pipelines import load_pipelines
+
+    root = Path(__file__).resolve().parents[1]
+    pipe = load_pipelines(root / "pipelines.yaml")["coco-sample-compare"]
+    assert pipe.compare.data == pipe.prep.out
+    assert pipe.compare.features == f"{pipe.features.out}:global"
+    assert pipe.compare.regions == f"{pipe.regions.out}:regions"
+    assert pipe.compare.families == ["chain", "oecc", "seam", "vse", "clmr", "liwe"]
+
+
+def test_a_pipeline_compare_stage_runs_its_entries_from_the_same_file(inputs, tmp_path, capsys) -> None:
+    pipelines = Path(inputs["pipelines"]).read_text() + f"""
+  tiny-compare:
+    description: the comparison stage of a pipeline
+    prep: {{dataset: synthetic, out: {inputs['data']}, num_images: 96, image_size: 32, captions_per_image: 2,
+           languages: [en]}}
+    compare:
+      families: [tiny-chain, tiny-clmr]
+      epochs: 2
+      noise: "0.2"
+      device: cpu
+      features: {inputs['features']}
+      regions: {inputs['regions']}
+      out: {tmp_path / 'cmp'}
+"""
+    file = tmp_path / "pipelines.yaml"
+    file.write_text(pipelines)
+    assert train_main(["pipeline", "tiny-compare", "--pipelines", str(file)]) == 0
+    record = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert [r["name"] for r in record["summary"]] == ["tiny-chain", "tiny-clmr"]
+    assert "[pipeline tiny-compare] compare: done" in capsys.readouterr().out
+    assert train_main(["pipeline", "tiny-compare", "--pipelines", str(file)]) == 0
+    assert "compare: up to date" in capsys.readouterr().out

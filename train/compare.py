@@ -79,7 +79,7 @@ class Entry:
     values: dict[str, Any] = field(default_factory=dict)
 
 
-def parse_entries(spec: str, pipelines_file: str | None = None) -> list[Entry]:
+def parse_entries(spec: str, pipelines_file: str | Path | None = None) -> list[Entry]:
     """``--families chain,oecc,coco-sample-seam`` -> entries: a registered family, or a pipeline name."""
     from train.models.registry import list_families
 
