@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from prep.pipelines import get_pipeline
+from pipelines.schema import get_pipeline
 from prep.textcls import TextClsDataset
 from train.analysis import add_character_noise, caption_alphabet
 from vsecore import console

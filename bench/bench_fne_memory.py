@@ -50,10 +50,10 @@ spec = json.loads(sys.argv[1])
 import torch
 torch.set_num_threads(1)
 from features.store import read_matrix
-from prep.pipelines import TrainSection
+from train.models.family import train_settings
 from train import fit
 if spec["mode"] == "train":
-    fit.run_training(TrainSection(**spec["settings"]), overwrite=True, log=lambda message: None)
+    fit.run_training(train_settings(**spec["settings"]), overwrite=True, log=lambda message: None)
 elif spec["mode"] == "dense":
     x, valid = read_matrix(spec["settings"]["features"])
     assert x.dtype.name == "float32"
@@ -131,8 +131,7 @@ def main() -> int:
 
     import torch
 
-    from prep.pipelines import TrainSection
-    from train.models.registry import model_spec, with_family_defaults
+    from train.models.family import model_spec, train_settings, with_family_defaults
     from train.models.vse import build_model
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -142,7 +141,7 @@ def main() -> int:
         settings = {"family": "vse", "kind": "SOE", "data": str(data), "features": f"{store}:fne",
                     "out": str(work / "run"), "d": args.d, "word_dim": args.word_dim, "epochs": 1,
                     "batch_size": args.batch_size, "device": "cpu", "val_images": 500}
-        resolved = with_family_defaults(TrainSection(**settings), "synthetic")
+        resolved = with_family_defaults(train_settings(**settings), "synthetic")
         from prep.dataset import PreparedDataset
 
         vocab = len(PreparedDataset.load(data).words)

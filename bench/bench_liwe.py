@@ -29,8 +29,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prep.dataset import Vocabulary  # noqa: E402
-from prep.pipelines import TrainSection  # noqa: E402
 from train.data import ImageRows, TextCodec  # noqa: E402
+from train.models.family import train_settings  # noqa: E402
 from train.models.vse import build_model  # noqa: E402
 from train.similarity import similarity  # noqa: E402
 from train.trainer import embed_codes, embed_images  # noqa: E402
@@ -98,7 +98,7 @@ def main() -> None:
           f"mean (min) of {args.repeats} runs after {args.warmup} untimed")
     for family in args.models.split(","):
         torch.manual_seed(0)
-        settings = TrainSection(family=family, out="bench", d=1024, device=str(device),
+        settings = train_settings(family=family, out="bench", d=1024, device=str(device),
                                 **({"word_length": 26, "layers": [128, 256]} if family == "liwe" else {}))
         if family == "liwe":
             codec = TextCodec("word_chars", Vocabulary(symbols=symbols[:101]), max_len=100, word_length=26)

@@ -22,8 +22,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prep.dataset import Vocabulary  # noqa: E402
-from prep.pipelines import TrainSection  # noqa: E402
 from train.data import CaptionSet, ImageRows, TextCodec  # noqa: E402
+from train.models.family import train_settings  # noqa: E402
 from train.models.vse import build_model  # noqa: E402
 from train.objectives import ContrastiveObjective  # noqa: E402
 from train.trainer import Trainer  # noqa: E402
@@ -55,8 +55,8 @@ def random_captions(n_images: int, per_image: int, alphabet: int, image_dim: int
 
 
 def bench_model(name: str, args: argparse.Namespace, device: torch.device) -> None:
-    settings = TrainSection(out="bench", batch_size=args.batch_size, d=args.d, amp=args.amp,
-                            device=str(device), **MODELS[name])
+    settings = train_settings(out="bench", batch_size=args.batch_size, d=args.d, amp=args.amp,
+                              device=str(device), **MODELS[name])
     data = random_captions(max(args.batch_size, 256), 5, args.alphabet, args.image_dim, args.mean_len, 0)
     torch.manual_seed(0)
     model = build_model(settings, args.alphabet, args.image_dim)

@@ -6,7 +6,7 @@
 bottom-up-attention TSV, HDF5), ``features verify`` (integrity of a store's finished blocks). Every
 command that writes a store holds its lock (:func:`vsecore.io.exclusive_lock`) for its whole run.
 Settings merge as everywhere: explicit options > ``--pipeline`` > the schema defaults in
-:mod:`prep.pipelines`.
+:mod:`pipelines.schema`.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from features.executors import cached_mapper, check_scheduler, open_executor
 from features.extract import ExtractSummary, Mapper, extract, finish_fne, retry_failures, write_ternary
 from features.images import check_sizes
 from features.store import WRITE_ERRNOS, FeatureStore, blocks_kept, probe_writable
+from pipelines.schema import FeaturesSection, add_pipeline_arguments, stage_settings
 from prep.dataset import DATASET_FILE, PreparedDataset
-from prep.pipelines import FeaturesSection, add_pipeline_arguments, stage_settings
 from vsecore.device import DEVICE_HELP, resolve_device
 from vsecore.errors import UserError, add_common_options, run_cli
 from vsecore.io import exclusive_lock, sha256_file

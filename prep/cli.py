@@ -1,6 +1,6 @@
 """``prep <dataset>``: raw annotations -> prepared dataset (see ``docs/ARCHITECTURE.md``).
 
-:func:`run_prep` is the whole stage for one validated :class:`~prep.pipelines.PrepSection`: read the
+:func:`run_prep` is the whole stage for one validated :class:`~pipelines.schema.PrepSection`: read the
 source, clean the captions (Unicode NFKC, whitespace collapsed; empty ones dropped and counted),
 check ids, tokenize (spaCy blank tokenizers; Japanese transliterated to Hepburn romaji), look for the
 images on disk, build the train-only vocabularies and write everything into a temporary folder that
@@ -28,6 +28,7 @@ with interrupted_while_loading("prep"):
     from pathlib import Path, PurePosixPath, PureWindowsPath
     from typing import Any
 
+    from pipelines.schema import PrepSection, add_pipeline_arguments, stage_settings
     from prep import __version__
     from prep.dataset import (
         CHARS_FILE,
@@ -40,7 +41,6 @@ with interrupted_while_loading("prep"):
         foreign_entries,
         is_prepared_dataset,
     )
-    from prep.pipelines import PrepSection, add_pipeline_arguments, stage_settings
     from prep.sources import RawCaption, RawDataset, RawImage
     from prep.tokenize import lone_surrogate, normalize, strip_controls, tokenize, transliterate
     from prep.vocab import build_char_vocabulary, build_word_vocabulary, check_coverage

@@ -165,7 +165,7 @@ def test_compare_never_writes_into_an_input(inputs, capsys) -> None:
 
 
 def test_the_compare_pipeline_chains_its_stores() -> None:
-    from prep.pipelines import load_pipelines
+    from pipelines.schema import load_pipelines
 
     root = Path(__file__).resolve().parents[1]
     pipe = load_pipelines(root / "pipelines.yaml")["coco-sample-compare"]

@@ -84,13 +84,12 @@ def _help_defaults(family: str) -> dict[str, str]:
 def test_help_shows_each_familys_own_defaults(family: str) -> None:
     """Every setting's "(default X)" is what the family resolves (schema defaults, then its own: vse's
     cosine, margin 0.2, lr 2e-4, 200 epochs; clmr/liwe's cosine), i.e. what a run records."""
-    from prep.pipelines import TrainSection
     from train.fit_options import NOT_SETTINGS, resolved_defaults
     from train.fit_options import shown as as_help
 
     shown = _help_defaults(family)
     resolved = resolved_defaults(family)
-    settings = [k for k in shown if k in TrainSection.model_fields and k not in NOT_SETTINGS]
+    settings = [k for k in shown if k in type(resolved).model_fields and k not in NOT_SETTINGS]
     assert {"measure", "margin", "lr", "epochs", "batch_size", "d"} <= set(settings), family
     for key in settings:
         assert shown[key] == as_help(getattr(resolved, key)), (family, key, shown[key])

@@ -6,7 +6,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prep.pipelines import TrainSection
 from train.models import (
     ModelSpec,
     VisualSemanticEmbedding,
@@ -16,6 +15,7 @@ from train.models import (
     list_text_encoders,
     register_text_encoder,
 )
+from train.models.family import train_settings
 from train.models.maxout import CharMaxoutConv, MaxoutConv1d, length_mask, maxout
 
 OECC_TABLE_1 = {"oecc_a": 517_120, "oecc_b": 258_560 + 1_311_744, "oecc_c": 1_244_928, "oecc_d": 4_713_472}
@@ -163,23 +163,23 @@ def test_visual_semantic_embedding_lives_on_the_positive_unit_sphere():
 
 
 def test_build_model_follows_the_train_settings():
-    chain = build_model(TrainSection(family="chain", out="r", version="v2", p=0.5, d=64), 30, 12)
+    chain = build_model(train_settings(family="chain", out="r", version="v2", p=0.5, d=64), 30, 12)
     assert chain.text_encoder.output_dim == 512
     assert any(type(m).__name__ == "SeparableMaxoutConv1d" for m in chain.modules())
     assert chain.parameter_report()["text_projection"] == 64 * 512
     assert chain.parameter_report()["image_encoder"] == 64 * 12
-    oecc = build_model(TrainSection(family="oecc", out="r", arch="B", d=32), 72, 12)
+    oecc = build_model(train_settings(family="oecc", out="r", arch="B", d=32), 72, 12)
     assert oecc.parameter_report()["text_encoder"] == OECC_TABLE_1["oecc_b"]
     # region families read (k, D) rows: one vector per image is refused
     with pytest.raises(ValueError, match="region features"):
-        build_model(TrainSection(family="liwe", out="r"), 30, 12)
+        build_model(train_settings(family="liwe", out="r"), 30, 12)
 
 
 def test_checkpoints_that_named_w_i_image_projection_still_load():
-    model = build_model(TrainSection(family="oecc", out="r", arch="A", d=8), 20, 12)
+    model = build_model(train_settings(family="oecc", out="r", arch="A", d=8), 20, 12)
     state = model.state_dict()
     state["image_projection.weight"] = state.pop("image_encoder.projection.weight")
-    fresh = build_model(TrainSection(family="oecc", out="r", arch="A", d=8, seed=1), 20, 12)
+    fresh = build_model(train_settings(family="oecc", out="r", arch="A", d=8, seed=1), 20, 12)
     fresh.load_state_dict(state)
     assert torch.equal(fresh.image_encoder.projection.weight, state["image_projection.weight"])
 

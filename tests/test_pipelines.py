@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from prep.dataset import PreparedDataset
-from prep.pipelines import (
+from pipelines.schema import (
     FeaturesSection,
     TrainSection,
     get_pipeline,
     load_pipelines,
     stage_settings,
 )
+from prep.dataset import PreparedDataset
 from vsecore.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,7 +167,7 @@ pipelines:
 @pytest.fixture
 def recorded_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool, bool]]:
     """Real prep; features and train replaced by recorders that write a store / a run directory."""
-    from train import pipeline
+    from pipelines import runner as pipeline
 
     calls: list[tuple[str, bool, bool]] = []
 

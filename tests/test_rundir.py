@@ -188,7 +188,7 @@ def test_train_refuses_an_out_it_would_damage(data, trained: Path, tmp_path: Pat
 def test_pipeline_overwrite_keeps_what_the_run_did_not_write(tmp_path: Path, trained: Path, capsys) -> None:
     from types import SimpleNamespace
 
-    from train import pipeline
+    from pipelines import runner as pipeline
     from train.runs import read_config, settings_from_config
 
     run = copy_run(trained, tmp_path)

@@ -298,7 +298,7 @@ def test_predict_evaluate_and_load_run(prepared: Path, tmp_path: Path, capsys) -
 
 
 def test_pipeline_schema_of_a_classification_pipeline(tmp_path: Path) -> None:
-    from prep.pipelines import load_pipelines
+    from pipelines.schema import load_pipelines
 
     file = tmp_path / "pipelines.yaml"
     body = ("pipelines:\n  p:\n    description: d\n"

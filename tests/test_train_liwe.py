@@ -17,12 +17,12 @@ import pytest
 import torch
 from test_trainer import assert_same_weights, metrics_without_timings, train_cli
 
+from pipelines.schema import load_pipelines
 from prep.cli import main as prep_main
-from prep.pipelines import TrainSection, load_pipelines
 from train.checkpoint import load_checkpoint
 from train.data import PairBatch, read_region_counts
 from train.losses import hard_negative_weight, scheduled_contrastive_loss
-from train.models.registry import with_family_defaults
+from train.models.family import train_settings, with_family_defaults
 from train.objectives import ScheduledContrastiveObjective
 from train.runs import load_run
 from vsecore.errors import UserError
@@ -93,20 +93,20 @@ def test_dry_run_prints_the_papers_word_embedder_count(capsys) -> None:
 def test_other_families_reject_the_liwe_keys(tmp_path) -> None:
     for key, value in (("eta", 0.9), ("cross_lang", ["de"]), ("langs", ["en"]), ("layers", [8])):
         with pytest.raises(ValueError, match=f"'{key}' applies to family"):
-            TrainSection(family="chain", out="r", **{key: value})
+            train_settings(family="chain", out="r", **{key: value})
     with pytest.raises(ValueError, match="'layers' applies to family liwe"):
-        TrainSection(family="clmr", out="r", layers=[8])
+        train_settings(family="clmr", out="r", layers=[8])
     with pytest.raises(ValueError, match="cosine"):
-        TrainSection(family="liwe", out="r", measure="order")
+        train_settings(family="liwe", out="r", measure="order")
     with pytest.raises(ValueError, match="use eta 0"):
-        TrainSection(family="clmr", out="r", loss="max")
+        train_settings(family="clmr", out="r", loss="max")
     with pytest.raises(ValueError, match="must include lang"):
-        TrainSection(family="liwe", out="r", langs=["de"])
+        train_settings(family="liwe", out="r", langs=["de"])
     # the family's defaults (LAVSE), applied by the registry as for every family
-    liwe = with_family_defaults(TrainSection(family="liwe", out="r"))
+    liwe = with_family_defaults(train_settings(family="liwe", out="r"))
     assert (liwe.margin, liwe.measure) == (0.2, "cosine")
-    assert with_family_defaults(TrainSection(family="liwe", out="r", margin=0.1)).margin == 0.1
-    assert TrainSection(family="chain", out="r").margin == 0.05
+    assert with_family_defaults(train_settings(family="liwe", out="r", margin=0.1)).margin == 0.1
+    assert train_settings(family="chain", out="r").margin == 0.05
     yaml = tmp_path / "pipelines.yaml"
     yaml.write_text("pipelines:\n  p:\n    description: d\n    prep: {dataset: synthetic, out: data}\n"
                     "    train: {family: oecc, cross_lang: [de], out: run}\n")
@@ -128,7 +128,7 @@ def test_objective_adds_the_mean_cross_language_loss() -> None:
     torch.manual_seed(0)
     from train.models.vse import build_model
 
-    settings = TrainSection(family="liwe", out="r", d=8, layers=[4, 4], word_length=5)
+    settings = train_settings(family="liwe", out="r", d=8, layers=[4, 4], word_length=5)
     model = build_model(settings, 20, (K, DIM))
     text = torch.randint(2, 20, (4, 3, 5))
     lengths = torch.tensor([3, 2, 3, 1])

@@ -16,11 +16,10 @@ from test_data import make_prepared, make_store
 from test_trainer import assert_same_weights, metrics_without_timings, train_cli
 
 from prep.dataset import PreparedDataset
-from prep.pipelines import TrainSection
 from train import fit
 from train.checkpoint import load_checkpoint
-from train.models.registry import model_spec, with_family_defaults
-from train.objectives import CurriculumObjective, build_objective
+from train.models.family import build_objective, model_spec, train_settings, with_family_defaults
+from train.objectives import CurriculumObjective
 from vsecore.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -67,14 +66,14 @@ def test_family_keys_belong_to_their_family(capsys) -> None:
     for family, key, value in (("chain", "hops", 3), ("oecc", "variant", "C"), ("seam", "kind", "PH"),
                                ("vse", "penalty", 0.5), ("chain", "word_dim", 300)):
         with pytest.raises(ValueError, match=f"'{key}' applies to family"):
-            TrainSection(family=family, out="r", **{key: value})
+            train_settings(family=family, out="r", **{key: value})
     with pytest.raises(SystemExit):
         train_cli(["chain", "--hops", "3", "--dry-run"])
     assert "unrecognized arguments: --hops" in capsys.readouterr().err
 
 
 def test_family_defaults_resolve_seam_and_the_vse_presets() -> None:
-    seam = with_family_defaults(TrainSection(family="seam", out="r", variant="C"))
+    seam = with_family_defaults(train_settings(family="seam", out="r", variant="C"))
     assert (seam.hops, seam.lr_schedule, seam.lr_step, seam.epochs) == (5, "step", 15, 30)
     assert (seam.measure, seam.loss, seam.margin, seam.lr, seam.batch_size) == \
         ("order", "sum", 0.05, 1e-3, 128)
@@ -82,24 +81,25 @@ def test_family_defaults_resolve_seam_and_the_vse_presets() -> None:
     assert spec.text_encoder == "seam_c" and spec.text_projection_bias and spec.absolute
     assert spec.text_input == "words"
     # explicit settings win over the family's defaults
-    assert with_family_defaults(TrainSection(family="seam", out="r", hops=7, lr_schedule="plateau")).hops == 7
-    assert with_family_defaults(TrainSection(family="seam", out="r", lr_schedule="plateau")).lr_schedule == \
-        "plateau"
+    assert with_family_defaults(train_settings(family="seam", out="r", hops=7, lr_schedule="plateau")).hops \
+        == 7
+    assert with_family_defaults(train_settings(family="seam", out="r", lr_schedule="plateau")).lr_schedule \
+        == "plateau"
 
     # FNE paper table 1: d depends on the dataset, everything else on the pipeline
-    mh = {name: with_family_defaults(TrainSection(family="vse", out="r", kind="MH"), name)
+    mh = {name: with_family_defaults(train_settings(family="vse", out="r", kind="MH"), name)
           for name in ("f8k", "f30k", "coco", "synthetic")}
     assert [mh[n].d for n in ("f8k", "f30k", "coco", "synthetic")] == [1024, 1536, 2048, 2048]
     m = mh["coco"]
     assert (m.loss, m.measure, m.margin, m.lr, m.word_dim, m.absolute) == \
         ("max", "cosine", 0.2, 2e-4, 1024, False)
     assert (m.captions_per_epoch, m.lr_schedule, m.epochs) == ("one", "constant", 200)
-    moe_bl = with_family_defaults(TrainSection(family="vse", out="r", kind="MOE-bl"), "f8k")
+    moe_bl = with_family_defaults(train_settings(family="vse", out="r", kind="MOE-bl"), "f8k")
     assert (moe_bl.measure, moe_bl.loss, moe_bl.absolute, moe_bl.margin, moe_bl.lr) == \
         ("order", "max", False, 0.2, 2e-4)
-    sh_bl = with_family_defaults(TrainSection(family="vse", out="r", kind="SH-bl"), "coco")
+    sh_bl = with_family_defaults(train_settings(family="vse", out="r", kind="SH-bl"), "coco")
     assert (sh_bl.word_dim, sh_bl.lr, sh_bl.d) == (2000, 2.5e-4, 2048)
-    poe = with_family_defaults(TrainSection(family="vse", out="r", kind="POE"), "coco")
+    poe = with_family_defaults(train_settings(family="vse", out="r", kind="POE"), "coco")
     assert (poe.d, poe.loss, poe.measure, poe.absolute, poe.lr, poe.finetune_lr) == \
         (2048, "sum", "order", True, 1e-3, 1e-4)
     objective = build_objective(poe)
@@ -284,7 +284,7 @@ def test_word_runs_are_evaluated_and_queried_like_the_others(data, tmp_path) -> 
     assert torch.allclose(encode_texts(loaded, texts), emb.captions[:3], atol=1e-6)
     assert not torch.allclose(encode_texts(loaded, emb.texts[:3]), emb.captions[:3], atol=1e-6)
     with pytest.raises(UserError, match="settings.hops was 2, now 3"):
-        fit.run_training(TrainSection(family="seam", out=str(run), data=str(prepared), features=features,
+        fit.run_training(train_settings(family="seam", out=str(run), data=str(prepared), features=features,
                                       variant="G", gru_units=8, hops=3, d=32, batch_size=8, seed=1,
                                       device="cpu"), resume=True)
 
@@ -328,7 +328,7 @@ def test_seam_and_vse_on_real_coco_captions_with_the_noise_analysis(coco_words, 
 
 
 def test_the_seam_and_vse_pipelines_resolve_to_their_papers_settings(monkeypatch) -> None:
-    from prep.pipelines import load_pipelines
+    from pipelines.schema import load_pipelines
 
     monkeypatch.setenv("VSE_SHARED_DATA", "/nowhere")
     pipes = load_pipelines(Path(__file__).resolve().parents[1] / "pipelines.yaml")

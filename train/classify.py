@@ -25,12 +25,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipelines.schema import ClassifySection
 from prep.dataset import CHARS_FILE, DATASET_FILE, WORDS_FILE
-from prep.pipelines import ClassifySection
 from prep.textcls import TextClsDataset
 from train.checkpoint import load_checkpoint, remove_stale_temporaries
 from train.data import TextCodec, codec_for
-from train.models.registry import ModelSpec, count_parameters, create_text_encoder, model_spec
+from train.models.family import model_spec
+from train.models.registry import ModelSpec, count_parameters, create_text_encoder
 from train.runs import (
     RESUMABLE_CHANGES,
     classify_settings_from_config,

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from prep.pipelines import CLASSIFY_ENCODERS, add_pipeline_arguments, stage_settings
+from pipelines.schema import CLASSIFY_ENCODERS, add_pipeline_arguments, stage_settings
 from vsecore import console
 from vsecore.device import DEVICE_HELP
 from vsecore.errors import HelpFormatter, UserError
@@ -32,7 +32,7 @@ def _classify_command(args: argparse.Namespace) -> int:
         for key, value in stored["settings"].items():  # options not given again: the run's own
             if hasattr(args, key) and getattr(args, key) is None and key != "out":
                 setattr(args, key, value)
-        from prep.pipelines import ClassifySection
+        from pipelines.schema import ClassifySection
 
         for key, encoders in ClassifySection.encoder_keys.items():
             if args.encoder not in encoders and getattr(args, key, None) == stored["settings"].get(key):

@@ -14,7 +14,7 @@ from vsecore.errors import add_common_options, run_cli
 #: modules that register subcommands, in --help order
 COMMAND_MODULES = ("train.fit", "train.classify_cli", "train.evaluate_cli", "train.query", "train.summary",
                    "train.compare", "train.export", "train.model_export", "train.checkpoint_cli",
-                   "train.pipeline")
+                   "pipelines.runner")
 
 
 def build_parser() -> argparse.ArgumentParser:

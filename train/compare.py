@@ -55,7 +55,6 @@ RUNS = "runs"
 OUTPUT_NAMES = (COMPARE_JSON, COMPARE_MD, RSUM_PLOT, NOISE_PLOT)
 #: what compare.json says it is (a folder holding another compare.json is not replaced)
 KIND = "vse-compare"
-DEFAULT_FAMILIES = ("chain", "oecc", "seam", "vse", "clmr", "liwe")
 #: the noise ratios of the robustness figure: 5% steps up to 25%
 DEFAULT_NOISE = "0.05:0.25:0.05"
 #: test splits at least this large are evaluated as COCO-5k: 1k 5-fold and the full set
@@ -79,12 +78,13 @@ class Entry:
     values: dict[str, Any] = field(default_factory=dict)
 
 
-def parse_entries(spec: str, pipelines_file: str | Path | None = None) -> list[Entry]:
-    """``--families chain,oecc,coco-sample-seam`` -> entries: a registered family, or a pipeline name."""
-    from train.models.registry import list_families
+def parse_entries(spec: str | None, pipelines_file: str | Path | None = None) -> list[Entry]:
+    """``--families chain,oecc,coco-sample-seam`` -> entries: a registered family, or a pipeline name;
+    ``None``: every registered family."""
+    from train.models.family import family_names
 
-    families = list_families()
-    names = [n.strip() for n in spec.split(",") if n.strip()]
+    families = family_names()
+    names = [n.strip() for n in spec.split(",") if n.strip()] if spec is not None else list(families)
     if not names:
         raise UserError("--families: give at least one family or pipeline name")
     if len(set(names)) != len(names):
@@ -94,7 +94,7 @@ def parse_entries(spec: str, pipelines_file: str | Path | None = None) -> list[E
         if name in families:
             entries.append(Entry(name, name, "defaults", {"family": name}))
             continue
-        from prep.pipelines import load_pipelines
+        from pipelines.schema import load_pipelines
 
         pipelines = load_pipelines(pipelines_file)
         if name not in pipelines:
@@ -111,10 +111,9 @@ def parse_entries(spec: str, pipelines_file: str | Path | None = None) -> list[E
 def needs_regions(values: dict[str, Any], data: str | None) -> bool:
     """Whether the family of ``values`` (train settings) reads region features (its image side is not
     ``linear``), with the family's defaults for ``data``'s dataset applied."""
-    from prep.pipelines import TrainSection
-    from train.models.registry import model_spec, with_family_defaults
+    from train.models.family import model_spec, train_settings, with_family_defaults
 
-    probe = TrainSection.model_validate({"out": "-", **values})
+    probe = train_settings(**{"out": "-", **values})
     return model_spec(with_family_defaults(probe, _dataset_name(data))).image_encoder != "linear"
 
 
@@ -146,15 +145,15 @@ class Plan:
         return Path(self.out) / RUNS / f"{entry.name}-seed{seed}"
 
     def settings(self, entry: Entry, seed: int) -> Any:
-        """The ``TrainSection`` of one run: the entry's values, the comparison's data, store, seed, epochs."""
-        from prep.pipelines import TrainSection
+        """The train settings of one run: the entry's values, the comparison's data, store, seed, epochs."""
+        from train.models.family import train_settings
 
         values = {**entry.values, "data": self.data, "seed": seed, "out": str(self.run_dir(entry, seed)),
                   "device": self.device}
         if self.epochs is not None:
             values["epochs"] = self.epochs
         values["features"] = self.regions if needs_regions(values, self.data) else self.features
-        return TrainSection.model_validate(values)
+        return train_settings(**values)
 
     def describe(self) -> dict[str, Any]:
         """The plan as compare.json records it."""
@@ -448,9 +447,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", help="prepared dataset (prep's --out)")
     p.add_argument("--features", help="STORE:global or STORE:fne for the families with a linear image side")
     p.add_argument("--regions", help="STORE:regions for the region families (clmr, liwe)")
-    p.add_argument("--families", default=",".join(DEFAULT_FAMILIES),
+    p.add_argument("--families", default=None,
                    help="comma list of families (their defaults) or pipeline names (their train settings); "
-                   f"default {','.join(DEFAULT_FAMILIES)}")
+                   "default: every family (chain,oecc,seam,vse,clmr,liwe)")
     p.add_argument("--pipelines", metavar="FILE", default=None, help="pipelines file for pipeline entries")
     p.add_argument("--epochs", type=int, default=None, help="epochs of every run (default: each family's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the first run of each entry (default 0)")

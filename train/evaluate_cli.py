@@ -417,7 +417,7 @@ def _command(args: argparse.Namespace) -> int:
             _pipeline_evaluate_settings(args)
             return evaluate_command(args, run_dir)
     if args.pipeline:  # the pipeline's evaluation settings, unless given explicitly
-        from prep.pipelines import get_pipeline
+        from pipelines.schema import get_pipeline
 
         ev = get_pipeline(args.pipeline, args.pipelines).evaluate
         if ev is not None:
@@ -466,7 +466,7 @@ def _command(args: argparse.Namespace) -> int:
 def _pipeline_evaluate_settings(args: argparse.Namespace) -> None:
     """``--split`` and ``--noise`` from the ``--pipeline``'s evaluate section, unless given."""
     if args.pipeline:
-        from prep.pipelines import get_pipeline
+        from pipelines.schema import get_pipeline
 
         ev = get_pipeline(args.pipeline, args.pipelines).evaluate
         if ev is not None:

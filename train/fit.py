@@ -1,11 +1,10 @@
 """``train <family>``: the training subcommands, one per model family, and :func:`run_training`.
 
 Every family shares the trainer (:mod:`train.trainer`), the data pipeline (:mod:`train.data`)
-and the run directory (:mod:`train.runs`); a family only adds its own options, and its defaults
-(``register_family_defaults``: SEAM's step schedule, the FNE paper's presets), which are resolved
-before the run starts and recorded in its ``config.json``. ``chain``, ``oecc``, ``seam`` and ``vse``
-train today; the other families of ``prep.pipelines.FAMILIES`` join through :data:`FAMILY_OPTIONS`
-once their encoders exist.
+and the run directory (:mod:`train.runs`); a family (its :class:`train.models.family.Family`) only adds
+its own settings, whose options are generated (:func:`train.fit_options.family_options`), and its
+defaults (SEAM's step schedule, the FNE paper's presets), which are resolved before the run starts and
+recorded in its ``config.json``. Every registered family gets a subcommand.
 """
 
 from __future__ import annotations
@@ -21,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipelines.schema import stage_settings
 from prep.dataset import PreparedDataset
-from prep.pipelines import TrainSection, stage_settings
 from train.checkpoint import (
     remove_stale_temporaries,
 )
@@ -42,11 +41,12 @@ from train.fit_options import (
     DRY_RUN_IMAGE_DIM,
     DRY_RUN_REGIONS,
     DRY_RUN_VOCABULARY,
-    FAMILY_OPTIONS,
     common_options,
+    family_options,
     show_resolved_defaults,
 )
-from train.models.registry import ModelSpec, model_spec, with_family_defaults
+from train.models.family import build_objective, family_names, get_family, model_spec, with_family_defaults
+from train.models.registry import ModelSpec
 from train.rundir import RunDir
 from train.runs import (
     absolute_settings,
@@ -64,6 +64,7 @@ from train.runs import (
     store_path,
     write_config,
 )
+from train.settings import TrainSection
 from train.trainer import Trainer, retrieval_metrics, write_evaluation
 from vsecore import console
 from vsecore.device import resolve_device
@@ -74,13 +75,14 @@ from vsecore.io import exclusive_lock
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add one ``train <family>`` subcommand per family that trains today; ``--help`` shows each option's
     default as the family resolves it (:func:`train.fit_options.resolved_defaults`)."""
-    for family, (summary, own_options) in FAMILY_OPTIONS.items():
+    for family in family_names():
+        summary = get_family(family).summary
         p = subparsers.add_parser(
             family, help=summary, description=f"{summary}. Adam, learning rate /10 on a validation-rsum "
             "plateau or on a fixed step (--lr-schedule), early stopping; writes a run directory "
             "(config.json, checkpoints/best.pt and last.pt, metrics.jsonl, eval/test.json) that --resume "
             "continues exactly.")
-        own_options(p.add_argument_group(f"{family} text encoder"))
+        family_options(p.add_argument_group(f"{family} text encoder"), family)
         common_options(p)
         show_resolved_defaults(p, family)
         p.set_defaults(func=functools.partial(_command, family))
@@ -147,9 +149,9 @@ def run_training(settings: TrainSection, resume: bool = False, overwrite: bool =
     an ``out`` that already holds a run. After training, the best checkpoint is evaluated on the
     test split (``eval/test.json``) and the table is printed.
     """
-    if settings.family not in FAMILY_OPTIONS:
-        raise UserError(f"family '{settings.family}' cannot be trained yet (available: "
-                        f"{', '.join(FAMILY_OPTIONS)})")
+    if settings.family not in family_names():
+        raise UserError(f"family '{settings.family}' cannot be trained (available: "
+                        f"{', '.join(family_names())})")
     _check_numbers(settings, {"--alphabet-size": alphabet_size, "--image-dim": image_dim,
                               "--vocab-size": vocab_size})
     settings = _resolve_word_length(absolute_settings(with_family_defaults(settings,
@@ -189,10 +191,12 @@ def _check_numbers(settings: TrainSection, sizes: dict[str, int | None]) -> None
                 raise UserError(f"--{key.replace('_', '-')} {v}: must be a finite number")
     if not 0 <= settings.seed <= _MAX_SEED:
         raise UserError(f"--seed {settings.seed}: must be between 0 and {_MAX_SEED}")
-    if any(v < 1 for v in settings.layers or []):
-        raise UserError(f"--layers {','.join(map(str, settings.layers))}: every layer needs at least 1 unit")
-    if settings.word_length is not None and settings.word_length < 1:
-        raise UserError(f"--word-length {settings.word_length}: must be at least 1")
+    layers = getattr(settings, "layers", None) or []  # liwe's
+    if any(v < 1 for v in layers):
+        raise UserError(f"--layers {','.join(map(str, layers))}: every layer needs at least 1 unit")
+    word_length = getattr(settings, "word_length", None)
+    if word_length is not None and word_length < 1:
+        raise UserError(f"--word-length {word_length}: must be at least 1")
     for option, value in sizes.items():
         if value is not None and value < 1:
             raise UserError(f"{option} {value}: must be at least 1")
@@ -201,9 +205,9 @@ def _check_numbers(settings: TrainSection, sizes: dict[str, int | None]) -> None
 def _resolve_word_length(settings: TrainSection) -> TrainSection:
     """A family that spells words in characters without ``word_length``: C_w from the train split's word
     lengths (:func:`train.models.liwe.word_length_from_statistics`), recorded in the run's settings."""
-    if settings.word_length is not None or not settings.data:
+    if not settings.data or model_spec(settings).text_input != "word_chars":
         return settings
-    if model_spec(settings).text_input != "word_chars":
+    if getattr(settings, "word_length", None) is not None:
         return settings
     from train.models.liwe import word_length_from_statistics
 
@@ -226,7 +230,6 @@ def _train(settings: TrainSection, spec: ModelSpec, run_dir: Path, resume: bool,
            log: Callable[[str], None]) -> None:
     """:func:`run_training` once the run directory is locked and prepared (messages also in train.log)."""
     from train.models.vse import build_model
-    from train.objectives import build_objective
 
     remove_stale_temporaries(RunDir(run_dir).checkpoints)
     device = resolve_device(settings.device)
@@ -341,7 +344,7 @@ def _check_splits(settings: TrainSection, dataset: PreparedDataset, valid: np.nd
 
     needs = [("val", settings.lang, val_set.num_images)]
     needs += [("test", lang, usable("test", lang))
-              for lang in dict.fromkeys([settings.lang, *settings.train_langs, *settings.cross_lang])]
+              for lang in dict.fromkeys([settings.lang, *settings.train_langs, *settings.cross_langs])]
     for split, lang, n in needs:
         if n == 0:
             use = "validate each epoch" if split == "val" else "evaluate after training"
@@ -362,11 +365,11 @@ def _split_counts(dataset: PreparedDataset, split: str, valid: np.ndarray) -> st
 
 def _load_pairs(settings: TrainSection, train_set: CaptionSet) -> list[PairSet]:
     """The train split's aligned pairs of ``lang`` with each ``cross_lang`` (the cross-language loss)."""
-    if not settings.cross_lang:
+    if not settings.cross_langs:
         return []
     dataset = PreparedDataset.load(settings.data)
     return [load_pair_set(dataset, "train", settings.lang, other, train_set.codec)
-            for other in settings.cross_lang]
+            for other in settings.cross_langs]
 def _words_fingerprint(data: str, spec: ModelSpec) -> dict[str, str]:
     """``{"words_json": sha256}`` for word models (their vocabulary is ``words.json``), else ``{}``."""
     if spec.text_input != "words":
@@ -392,7 +395,7 @@ def evaluate_test(run_dir: Path, settings: TrainSection, device: torch.device,
     from train.report import format_results, results_json
 
     run = load_run(run_dir, "best", str(device))
-    langs = list(dict.fromkeys([settings.lang, *settings.train_langs, *settings.cross_lang]))
+    langs = list(dict.fromkeys([settings.lang, *settings.train_langs, *settings.cross_langs]))
     per_lang: dict[str, dict[str, Any]] = {}
     for lang in langs:
         emb = embed_split(run, "test", lang=lang)

@@ -1,16 +1,20 @@
-"""The command-line options of ``train <family>``: each family's own, the common ones, and the defaults
-``--help`` shows, taken from the settings the family resolves (what a run records)."""
+"""The command-line options of ``train <family>``: each family's own (generated from the fields of its
+config, :func:`family_options`), the common ones, and the defaults ``--help`` shows, taken from the
+settings the family resolves (what a run records)."""
 
 from __future__ import annotations
 
 import argparse
 import re
 from collections.abc import Callable
-from typing import Any
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
-from prep.pipelines import TrainSection, add_pipeline_arguments
-from train.models.registry import with_family_defaults
-from train.models.uvs import vse_preset
+from pydantic.fields import FieldInfo
+
+from pipelines.schema import add_pipeline_arguments
+from train.models.family import get_family, train_settings, with_family_defaults
+from train.settings import TrainSection
 from vsecore.device import DEVICE_HELP
 
 #: defaults of --alphabet-size / --image-dim for a --dry-run without data (COCO's lowercased
@@ -21,21 +25,6 @@ DRY_RUN_IMAGE_DIM = 4096
 DRY_RUN_VOCABULARY = 11360
 
 
-def _chain_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--version", choices=("v1", "v2"), default=None,
-                   help="CHAIN-VSE v1 (inception of character convolutions) or v2 (depthwise separable "
-                        "convolutions) (default v1)")
-    p.add_argument("--p", type=float, default=None,
-                   help="width multiplier of the text encoder: p=1 has 256 filters per stream, p=0.5 has "
-                        "128 (default 1.0)")
-
-
-def _oecc_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--arch", choices=("A", "B", "C", "D"), default=None,
-                   help="OECC text encoder architecture A-D (paper, Table 1) (default D)")
-
-
-# --- clmr / liwe (LIWE paper) ----------------------------------------------------------------------
 #: region rows of a --dry-run without --features: the paper's 36 BUTD regions of 2,048 dimensions
 DRY_RUN_REGIONS = (36, 2048)
 
@@ -50,90 +39,44 @@ def _comma_list(kind: type) -> Callable[[str], list]:
     return parse
 
 
-def _region_family_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--eta", type=float, default=None,
-                   help="hard-negative schedule: J = lambda J_max + (1 - lambda) J_sum with lambda = "
-                        "1 - eta^iteration (default 0.991; 1: sum of hinges only, 0: max of hinges only)")
-    p.add_argument("--langs", type=_comma_list(str), default=None, metavar="LANG[,LANG]",
-                   help="languages of the image-text training captions (default: --lang only, as the "
-                        "paper's Eq. 8 and LAVSE: other languages enter through --cross-lang); the test "
-                        "evaluation is done per language")
-    p.add_argument("--cross-lang", dest="cross_lang", type=_comma_list(str), default=None,
-                   metavar="LANG[,LANG]",
-                   help="add the cross-language loss over the dataset's pairs aligning --lang with each of "
-                        "these languages (default: none)")
+def field_option(group: argparse._ActionsContainer, name: str, info: FieldInfo) -> None:
+    """Add ``--name`` for the settings field ``name``: its type and choices from the annotation, its help
+    from the description; ``default=None``, so a value not given comes from the pipeline or the schema
+    (:func:`pipelines.schema.stage_settings`)."""
+    help_text = (info.description or "").replace("%", "%%")  # argparse formats the help with %
+    kwargs: dict[str, Any] = {"dest": name, "default": None, "help": help_text}
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    if "metavar" in extra:
+        kwargs["metavar"] = extra["metavar"]
+    kind = info.annotation
+    if get_origin(kind) in (Union, UnionType):  # X | None: an option of type X
+        kinds = [a for a in get_args(kind) if a is not type(None)]
+        kind = kinds[0] if len(kinds) == 1 else None
+    if kind is bool:
+        kwargs["action"] = argparse.BooleanOptionalAction
+    elif get_origin(kind) is Literal:
+        kwargs["choices"] = get_args(kind)
+        kwargs["type"] = type(get_args(kind)[0])
+    elif get_origin(kind) is list:
+        kwargs["type"] = _comma_list(get_args(kind)[0])
+    elif kind in (int, float, str):
+        kwargs["type"] = kind
+    else:
+        raise TypeError(f"setting {name!r}: no command-line option for the type {info.annotation!r}")
+    group.add_argument("--" + name.replace("_", "-"), **kwargs)
 
 
-def _clmr_options(p: argparse.ArgumentParser) -> None:
-    _region_family_options(p)
-
-
-def _liwe_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--layers", type=_comma_list(int), default=None, metavar="F1,F2",
-                   help="fully connected layers of the character-built word embedder: LIWE(f1,f2) (default "
-                        "128,256)")
-    p.add_argument("--word-length", dest="word_length", type=int, default=None, metavar="C_W",
-                   help="characters per word (longer words are cut) (default: the length covering 99.9%% of "
-                        "the train split's distinct words; 26 for a --dry-run without --data)")
-    _region_family_options(p)
-
-
-REGION_FAMILIES = {
-    "clmr": ("CLMR: word embeddings + BiGRU, non-local region image encoder, cosine, eta schedule, "
-             "cross-language loss", _clmr_options),
-    "liwe": ("LIWE: character-built word embeddings + BiGRU, non-local region image encoder, cosine, eta "
-             "schedule, cross-language loss", _liwe_options),
-}
-# -------------------------------------------------------------------------------------------------------
-
-def _word_options(p: argparse.ArgumentParser) -> None:
-    """Options of the word-level families (seam, vse): how captions become word indices."""
-    p.add_argument("--max-words", dest="max_words", type=int, default=None,
-                   help="captions are cut to this many words (default 100)")
-    p.add_argument("--min-word-count", dest="min_word_count", type=int, default=None,
-                   help="words seen fewer times in the train split map to <unk> (default 1: every "
-                        "train word)")
-
-
-def _seam_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--variant", choices=("E", "C", "G"), default=None,
-                   help="SEAM-E (attention over the word embeddings), SEAM-C (+ convolutions of width 2 "
-                        "and 3) or SEAM-G (attention over a GRU's states) (default E)")
-    p.add_argument("--hops", type=int, default=None,
-                   help="attention hops h of each attention module (default: E 30, C 5, G 30)")
-    p.add_argument("--penalty", type=float, default=None,
-                   help="lambda, coefficient of the attention penalty ||AA^T - I||_F^2 (default 0)")
-    p.add_argument("--gru-units", dest="gru_units", type=int, default=None,
-                   help="GRU units of SEAM-G (default 512)")
-    _word_options(p)
-
-
-def _vse_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kind", choices=("SH", "SH-bl", "MH", "MH-bl", "SOE", "SOE-bl", "MOE", "MOE-bl", "PH",
-                                      "POE"), default=None,
-                   help="the FNE paper's pipeline, with its table 1 settings as defaults: sum (S) or max (M) "
-                        "of hinges, cosine (H) or order (OE); PH/POE train with the sum until validation "
-                        "stops improving, then go on from the best checkpoint with the max; -bl: the "
-                        "baselines' settings (default SH)")
-    p.add_argument("--word-dim", dest="word_dim", type=int, default=None,
-                   help="size of the word embedding (default: the --kind preset)")
-    p.add_argument("--absolute", action=argparse.BooleanOptionalAction, default=None,
-                   help="|.| on both sides before the L2 normalisation (default: the --kind preset)")
-    p.add_argument("--finetune-lr", dest="finetune_lr", type=float, default=None,
-                   help="learning rate of the second (max of hinges) phase of PH/POE (default: the preset; "
-                        "POE 1e-4, PH --lr)")
-    _word_options(p)
-
-
-#: the families that train today, with the options only they take
-FAMILY_OPTIONS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
-    "chain": ("CHAIN-VSE: character inception text encoder, order embeddings", _chain_options),
-    "oecc": ("OECC: order embeddings with character convolutions through time", _oecc_options),
-    "seam": ("SEAM: self-attentive word-embedding text encoders (E, C, G), order embeddings", _seam_options),
-    "vse": ("VSE pipelines of the FNE paper: word embedding + GRU on FNE or one-layer features "
-            "(SH, MH, SOE, MOE, PH, POE)", _vse_options),
-    **REGION_FAMILIES,
-}
+def family_options(group: argparse._ActionsContainer, family: str) -> None:
+    """The options of ``train <family>`` that only it takes: one per field of its config (in declaration
+    order, the config's own before those it inherits), then the common fields it offers in its own group
+    (:attr:`train.models.family.Family.common_options`)."""
+    declared = get_family(family)
+    fields = declared.config.model_fields
+    own = [name for name in vars(declared.config).get("__annotations__", {}) if name in fields]
+    for name in [*own, *(name for name in fields if name not in own)]:  # its own first, then inherited
+        field_option(group, name, fields[name])
+    for name in declared.common_options:
+        field_option(group, name, TrainSection.model_fields[name])
 
 
 def common_options(p: argparse.ArgumentParser) -> None:
@@ -228,30 +171,28 @@ def shown(value: Any) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, list | tuple):
-        return ",".join(str(v) for v in value)
+        return ",".join(str(v) for v in value) if value else "none"
     return str(value)
 
 
 def resolved_defaults(family: str) -> TrainSection:
     """The settings a run of ``family`` records for every option not given (schema defaults, then the
     family's own defaults, without a dataset: the vse ``--kind`` preset shows COCO's column)."""
-    return with_family_defaults(TrainSection(family=family, out="RUN_DIR"), None)
+    return with_family_defaults(train_settings(family=family, out="RUN_DIR"), None)
 
 
 def show_resolved_defaults(parser: argparse.ArgumentParser, family: str) -> None:
     """Rewrite each setting's "(default ...)" in ``--help`` from :func:`resolved_defaults`, so the help
     and a run's ``config.json`` read one source (a family default shows as that family's value)."""
     resolved = resolved_defaults(family)
-    preset_keys = set(vse_preset("SH", None)) if family == "vse" else set()
+    notes = get_family(family).help_notes
     for action in parser._actions:
         key = action.dest
-        if key not in TrainSection.model_fields or key in NOT_SETTINGS:
+        if key not in type(resolved).model_fields or key in NOT_SETTINGS:
             continue
         value = getattr(resolved, key)
         text = _DEFAULT_NOTE.sub("", action.help or "")
         if value is None:
             action.help = text
             continue
-        note = "; the --kind preset of the prepared dataset's column, COCO's without one" \
-            if key in preset_keys else ""
-        action.help = f"{text} (default {shown(value)}{note})"
+        action.help = f"{text} (default {shown(value)}{notes.get(key, '')})"

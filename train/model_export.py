@@ -195,7 +195,7 @@ def load_model_folder(folder: str | os.PathLike, checkpoint: str = "best", devic
 
     ``checkpoint`` must be ``best`` (the folder holds one set of weights: the exported checkpoint).
     """
-    from train.models.registry import model_spec
+    from train.models.family import model_spec
     from train.models.vse import build_model
     from vsecore.device import resolve_device
 

@@ -17,7 +17,8 @@ context factory, and steps the optimiser. Objectives with a schedule or phases k
   when validation stops improving (see :class:`train.trainer.Trainer`); the phase is part of the
   objective's state, hence of every checkpoint.
 
-Families register their own with :func:`register_objective`.
+A family names its objective in its declaration (:attr:`train.models.family.Family.objective`; the
+default is :class:`ContrastiveObjective` of its settings).
 """
 
 from __future__ import annotations
@@ -195,40 +196,3 @@ class CurriculumObjective(ContrastiveObjective):
         """Restore the phase (an empty state is phase 0)."""
         self.phase = int(state.get("phase", 0))
         self.reduction = self.phases[self.phase]
-
-
-#: family -> factory ``(settings) -> Objective``
-_OBJECTIVES: dict[str, Callable[[Any], Objective]] = {}
-
-
-def register_objective(family: str):
-    """Decorator registering the objective factory ``(settings) -> Objective`` of a family."""
-
-    def add(factory: Callable[[Any], Objective]) -> Callable[[Any], Objective]:
-        _OBJECTIVES[family] = factory
-        return factory
-
-    return add
-
-
-def build_objective(settings: Any) -> Objective:
-    """The family's registered objective, else :class:`ContrastiveObjective` from the settings."""
-    from train.models.registry import model_spec
-
-    model_spec(settings)  # imports the model files, which register their families' objectives
-    factory = _OBJECTIVES.get(settings.family)
-    if factory is not None:
-        return factory(settings)
-    return ContrastiveObjective(settings.measure, settings.margin, settings.loss, settings.order_sqrt)
-
-
-@register_objective("vse")
-def _vse_objective(settings: Any) -> Objective:
-    """The FNE paper's pipelines: PH and POE are curricula (sum, then max of hinges); the others the
-    plain contrastive loss of their preset."""
-    from train.models.uvs import CURRICULA
-
-    if settings.kind in CURRICULA:
-        return CurriculumObjective(settings.measure, settings.margin, settings.loss, settings.order_sqrt,
-                                   phases=(settings.loss, "max"))
-    return ContrastiveObjective(settings.measure, settings.margin, settings.loss, settings.order_sqrt)

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipelines.schema import ClassifySection
 from prep.dataset import CHARS_FILE, DATASET_FILE, WORDS_FILE, PreparedDataset
-from prep.pipelines import ClassifySection, TrainSection
 from train.checkpoint import check_model_state, load_checkpoint
 from train.data import (
     CaptionSet,
@@ -29,8 +29,9 @@ from train.data import (
     read_features,
     read_region_counts,
 )
-from train.models.registry import model_spec
+from train.models.family import families_with_key, model_spec, train_settings
 from train.rundir import CONFIG, RunDir
+from train.settings import TrainSection
 from train.trainer import embed_caption_set, embed_codes
 from vsecore import console
 from vsecore.device import resolve_device
@@ -43,7 +44,7 @@ RESUMABLE_CHANGES = ("out", "device", "workers", "epochs", "checkpoint_every")
 
 def add_run_arguments(parser: Any) -> None:
     """``--run RUN_DIR`` or ``--pipeline NAME`` (its ``train.out``), for the commands that read a run."""
-    from prep.pipelines import add_pipeline_arguments
+    from pipelines.schema import add_pipeline_arguments
 
     parser.add_argument("--run", metavar="RUN_DIR", help="a run directory written by `train <family>` (or a "
                         "model folder written by `train export-model`, for evaluation and queries)")
@@ -55,7 +56,7 @@ def add_run_arguments(parser: Any) -> None:
 
 def run_from_arguments(args: Any, required: bool = True) -> Path | None:
     """The run directory that ``--run`` or ``--pipeline`` names (a :class:`UserError` for both/neither)."""
-    from prep.pipelines import get_pipeline
+    from pipelines.schema import get_pipeline
 
     if args.pipeline:
         if args.run:
@@ -240,7 +241,7 @@ def validate_config(config: Any, path: str | os.PathLike) -> dict[str, Any]:
 
 
 def classify_settings_from_config(values: dict[str, Any]) -> ClassifySection:
-    """The :class:`prep.pipelines.ClassifySection` of a classification run's ``config.json`` settings
+    """The :class:`pipelines.schema.ClassifySection` of a classification run's ``config.json`` settings
     (the options of encoders other than the run's are dropped, as written with their defaults)."""
     encoder = values.get("encoder")
     return ClassifySection.model_validate(
@@ -274,20 +275,26 @@ def _count(value: Any, most: int) -> bool:
 
 
 def settings_from_config(values: dict[str, Any]) -> TrainSection:
-    """The :class:`TrainSection` of a ``config.json``'s ``settings`` (all keys, as resolved).
+    """The settings of a ``config.json``'s ``settings`` (all keys, as resolved), as its family's class.
 
-    Keys that belong to other families (``arch`` in a ``chain`` run) are written with their
-    defaults; the schema refuses them when explicitly set, so they are dropped here.
+    Runs written before each family had its own settings class hold every family's keys (``arch`` in a
+    ``chain`` run, with its default); a family's settings refuse the others', so they are dropped here.
     """
     family = values.get("family")
-    kept = {k: v for k, v in values.items()
-            if k not in TrainSection.family_keys or family in TrainSection.family_keys[k]}
-    return TrainSection.model_validate(kept)
+    return train_settings(**{k: v for k, v in values.items() if not _other_familys(k, family)})
+
+
+def _other_familys(key: str, family: Any) -> bool:
+    """Whether ``key`` is a setting of families other than ``family`` only."""
+    owners = families_with_key(key)
+    return bool(owners) and family not in owners
 
 
 def comparable(config: dict[str, Any]) -> dict[str, Any]:
     """The parts of a run's config that must not change on ``--resume``, flattened to dotted keys."""
-    out = {f"settings.{k}": v for k, v in config["settings"].items() if k not in RESUMABLE_CHANGES}
+    family = config["settings"].get("family")
+    out = {f"settings.{k}": v for k, v in config["settings"].items()
+           if k not in RESUMABLE_CHANGES and not _other_familys(k, family)}
     out["vocab_size"], out["feature_shape"] = model_sizes(config)
     for key, value in (config.get("fingerprints") or {}).items():
         out[f"fingerprints.{key}"] = value

@@ -40,7 +40,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from prep.pipelines import TrainSection
 from train.checkpoint import load_checkpoint, restore_rng_states, rng_states, save_checkpoint
 from train.data import (
     CaptionSet,
@@ -54,6 +53,7 @@ from train.data import (
 from train.objectives import Objective
 from train.plots import plot_training_curves
 from train.rundir import BEST, CURVES, LAST, METRICS, TENSORBOARD, RunDir
+from train.settings import TrainSection
 from vsecore.console import progress
 from vsecore.io import write_json_atomic
 
@@ -235,7 +235,7 @@ class Trainer:
         self.objective.advance()
         self.phase_start_epoch = self.epoch
         self.bad_epochs = 0
-        lr = self.settings.finetune_lr or self.settings.lr
+        lr = getattr(self.settings, "finetune_lr", None) or self.settings.lr  # vse's PH/POE
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
         self.scheduler = self._make_scheduler()
         self.log(f"phase {self.objective.phase + 1} ({self.objective.phase_name} of hinges) from "

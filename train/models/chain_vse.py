@@ -48,12 +48,17 @@ encoder alone; ``VisualSemanticEmbedding.parameter_report()`` gives the table's 
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import nn
 
+from train.models.family import Family
 from train.models.maxout import CharMaxoutConv, MaxoutConv1d, length_mask, max_over_time
-from train.models.registry import ModelSpec, TextEncoder, register_family, register_text_encoder
+from train.models.registry import ModelSpec, TextEncoder, register_text_encoder
+from train.settings import FamilyConfig
 
 #: first inception module: (filter length, filters) of the maxout convolutions on the characters
 FIRST_MODULE: tuple[tuple[int, int], ...] = ((7, 32), (5, 32), (3, 32))
@@ -160,7 +165,23 @@ def chain_v2(alphabet_size: int, p: float = 1.0) -> ChainVSE:
     return ChainVSE(alphabet_size, p, separable=True)
 
 
-@register_family("chain")
-def _chain_family(settings) -> ModelSpec:
+# --- the family: ``train chain`` ----------------------------------------------------------------------
+
+
+class ChainConfig(FamilyConfig):
+    """CHAIN-VSE's own settings."""
+
+    version: Literal["v1", "v2"] = Field(
+        "v1", description="CHAIN-VSE v1 (inception of character convolutions) or v2 (depthwise separable "
+        "convolutions) (default v1)")
+    p: float = Field(1.0, gt=0, description="width multiplier of the text encoder: p=1 has 256 filters per "
+                     "stream, p=0.5 has 128 (default 1.0)")
+
+
+def chain_spec(settings: Any) -> ModelSpec:
     """CHAIN-VSE: characters in, ``|W_t g(T)|`` and ``|W_i C(I)|`` (Eq. 1), order embeddings."""
     return ModelSpec(f"chain_{settings.version}", {"p": settings.p}, text_input="chars")
+
+
+FAMILY = Family("chain", "CHAIN-VSE: character inception text encoder, order embeddings", ChainConfig,
+                chain_spec)

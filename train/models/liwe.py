@@ -58,18 +58,15 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from pydantic import Field, model_validator
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from prep.dataset import Vocabulary
-from train.models.registry import (
-    ModelSpec,
-    TextEncoder,
-    count_parameters,
-    register_family,
-    register_family_defaults,
-    register_text_encoder,
-)
+from train.models.family import Family
+from train.models.registry import ModelSpec, TextEncoder, count_parameters, register_text_encoder
+from train.objectives import Objective, ScheduledContrastiveObjective
+from train.settings import FamilyConfig
 
 POOLINGS = ("final", "last", "mean")
 #: section 2.2: character embeddings in R^24
@@ -252,42 +249,96 @@ def _region_family(settings: Any, text_encoder: str, text_input: str, text_kwarg
                      image_encoder="nonlocal_regions", text_projection=False, absolute=False)
 
 
-@register_family_defaults("clmr")
-@register_family_defaults("liwe")
-def _region_family_defaults(settings: Any, dataset_name: str | None) -> dict[str, Any]:
-    """LIWE paper section 2.4 and LAVSE: cosine similarity, margin 0.2 (the schema checks that no other
-    measure and no plain max of hinges is asked for: the eta schedule mixes sum and max)."""
+class RegionFamilyConfig(FamilyConfig):
+    """The settings clmr and liwe share: the eta schedule and the languages (and what they refuse)."""
+
+    #: the hard-negative weight lambda = 1 - eta^iteration of J = lambda J_max + (1 - lambda) J_sum
+    eta: float = Field(0.991, ge=0, le=1, description="hard-negative schedule: J = lambda J_max + (1 - "
+                       "lambda) J_sum with lambda = 1 - eta^iteration (default 0.991; 1: sum of hinges only, "
+                       "0: max of hinges only)")
+    #: languages of the image-text training captions (default: ``lang`` only, as the paper's Eq. 8 and LAVSE)
+    langs: list[str] | None = Field(
+        None, min_length=1, json_schema_extra={"metavar": "LANG[,LANG]"},
+        description="languages of the image-text training captions (default: --lang only, as the paper's "
+        "Eq. 8 and LAVSE: other languages enter through --cross-lang); the test evaluation is done per "
+        "language")
+    #: languages aligned to ``lang`` by the dataset's pairs, for the cross-language loss (none: off)
+    cross_lang: list[str] = Field(
+        default_factory=list, json_schema_extra={"metavar": "LANG[,LANG]"},
+        description="add the cross-language loss over the dataset's pairs aligning --lang with each of these "
+        "languages (default: none)")
+
+    @model_validator(mode="after")
+    def _cosine_and_the_eta_schedule(self) -> RegionFamilyConfig:
+        # the defaults (cosine, margin 0.2) are region_defaults; here what cannot be asked for explicitly
+        family, fields_set = getattr(self, "family", "?"), self.model_fields_set
+        measure, loss = getattr(self, "measure", "cosine"), getattr(self, "loss", "sum")
+        if "measure" in fields_set and measure != "cosine":
+            raise ValueError(f"family '{family}' uses the cosine similarity (the paper's), not '{measure}'")
+        if "loss" in fields_set and loss == "max":
+            # the eta schedule weighs sum and max; eta 0 is the max alone
+            raise ValueError(f"family '{family}' mixes the sum and max of hinges by the eta schedule: use "
+                             "eta 0 for the max of hinges alone, not loss 'max'")
+        return self
+
+    @model_validator(mode="after")
+    def _languages(self) -> RegionFamilyConfig:
+        lang = getattr(self, "lang", "en")
+        if self.langs is not None and lang not in self.langs:
+            raise ValueError(f"langs {self.langs} must include lang '{lang}' (the validation language)")
+        if lang in self.cross_lang:
+            raise ValueError(f"cross_lang pairs '{lang}' with other languages; it cannot include it")
+        return self
+
+
+class ClmrConfig(RegionFamilyConfig):
+    """CLMR's own settings: those of the region families."""
+
+
+class LiweConfig(RegionFamilyConfig):
+    """LIWE's own settings: the word embedder's layers and C_w, then those of the region families."""
+
+    #: LIWE: sizes of the word embedder's fully connected layers (f1, f2, ...): LIWE(128,256)
+    layers: list[int] = Field(default_factory=lambda: list(LIWE_LAYERS), min_length=1,
+                              json_schema_extra={"metavar": "F1,F2"},
+                              description="fully connected layers of the character-built word embedder: "
+                              "LIWE(f1,f2) (default 128,256)")
+    #: characters per word (longer words are cut); None: from the train split's word lengths
+    word_length: int | None = Field(None, ge=1, json_schema_extra={"metavar": "C_W"},
+                                    description="characters per word (longer words are cut) (default: the "
+                                    "length covering 99.9% of the train split's distinct words; 26 for a "
+                                    "--dry-run without --data)")
+
+
+def region_defaults(settings: Any, dataset_name: str | None) -> dict[str, Any]:
+    """LIWE paper section 2.4 and LAVSE: cosine similarity, margin 0.2 (the config refuses another measure
+    and a plain max of hinges: the eta schedule mixes sum and max)."""
     return {"measure": "cosine", "margin": 0.2}
 
 
-@register_family("clmr")
-def _clmr_family(settings: Any) -> ModelSpec:
+def clmr_spec(settings: Any) -> ModelSpec:
     """CLMR: word lookup + BiGRU over words; non-local region image encoder; cosine."""
     return _region_family(settings, "clmr", "words", {})
 
 
-@register_family("liwe")
-def _liwe_family(settings: Any) -> ModelSpec:
+def liwe_spec(settings: Any) -> ModelSpec:
     """LIWE(f1, f2, ...): character-built words (``C_w`` = ``word_length``) + BiGRU; region image encoder."""
     word_length = settings.word_length or WORD_LENGTH
     return _region_family(settings, "liwe", "word_chars",
                           {"word_length": word_length, "layers": tuple(settings.layers)})
 
 
-def _scheduled_objective(settings: Any) -> Any:
-    from train.objectives import ScheduledContrastiveObjective
-
+def scheduled_objective(settings: Any) -> Objective:
+    """The LIWE paper's loss: the eta schedule of hinges, plus the cross-language loss."""
     return ScheduledContrastiveObjective(eta=settings.eta, margin=settings.margin, measure=settings.measure)
 
 
-def _register_objectives() -> None:
-    from train.objectives import register_objective
-
-    for family in ("clmr", "liwe"):
-        register_objective(family)(_scheduled_objective)
-
-
-_register_objectives()
+CLMR = Family("clmr", "CLMR: word embeddings + BiGRU, non-local region image encoder, cosine, eta schedule, "
+              "cross-language loss", ClmrConfig, clmr_spec, defaults=region_defaults,
+              objective=scheduled_objective)
+LIWE = Family("liwe", "LIWE: character-built word embeddings + BiGRU, non-local region image encoder, "
+              "cosine, eta schedule, cross-language loss", LiweConfig, liwe_spec, defaults=region_defaults,
+              objective=scheduled_objective)
 
 
 # --- counts, C_w and spelling ------------------------------------------------------------------------

@@ -22,11 +22,16 @@ alphabet written by ``prep`` (including ``<pad>`` and ``<unk>``).
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 import torch
+from pydantic import Field
 from torch import nn
 
+from train.models.family import Family
 from train.models.maxout import CharMaxoutConv, MaxoutConv1d, length_mask, max_over_time
-from train.models.registry import ModelSpec, TextEncoder, register_family, register_text_encoder
+from train.models.registry import ModelSpec, TextEncoder, register_text_encoder
+from train.settings import FamilyConfig
 
 #: table 1: (filters, filter length) of each MaxConv layer
 ARCHITECTURES: dict[str, tuple[tuple[int, int], ...]] = {
@@ -94,7 +99,20 @@ def oecc_d(alphabet_size: int) -> ConvolutionsThroughTime:
     return _ctt("D", alphabet_size)
 
 
-@register_family("oecc")
-def _oecc_family(settings) -> ModelSpec:
+# --- the family: ``train oecc`` -----------------------------------------------------------------------
+
+
+class OeccConfig(FamilyConfig):
+    """OECC's own settings."""
+
+    arch: Literal["A", "B", "C", "D"] = Field("D", description="OECC text encoder architecture A-D (paper, "
+                                              "Table 1) (default D)")
+
+
+def oecc_spec(settings: Any) -> ModelSpec:
     """OECC: characters in, ``|W_t CTT(T)|`` and ``|W_i C(I)|`` (Eq. 3), order embeddings."""
     return ModelSpec(f"oecc_{settings.arch.lower()}", text_input="chars")
+
+
+FAMILY = Family("oecc", "OECC: order embeddings with character convolutions through time", OeccConfig,
+                oecc_spec)

@@ -1,8 +1,11 @@
-"""Registries of text and image encoders and of model families, in the manner of timm's ``create_model``.
+"""Registries of text and image encoders, in the manner of timm's ``create_model``, and :class:`ModelSpec`.
 
-Every model file registers its variants with ``@register_text_encoder`` / ``@register_image_encoder``
-and its family rule with ``@register_family``; the trainer only ever calls :func:`model_spec` and
-the ``create_*`` functions, so a new family plugs in by adding a file, without touching the trainer.
+Every model file registers its variants with ``@register_text_encoder`` / ``@register_image_encoder``;
+``train/models/__init__.py`` imports every model file explicitly, so the registries are complete once
+``train.models`` is imported (any ``train.models.*`` import does it first). A model family (what
+``train <family>`` trains) is declared beside its model as a :class:`train.models.family.Family`, which
+names the encoders through its :class:`ModelSpec`; the trainer only ever calls the family's rules and the
+``create_*`` functions, so a new family plugs in by adding a file, without touching the trainer.
 
 * A text encoder is an ``nn.Module`` with ``forward(tokens, lengths) -> (B, output_dim)``, an
   ``output_dim`` attribute and ``num_parameters()``. What ``tokens`` holds is the family's
@@ -10,7 +13,7 @@ the ``create_*`` functions, so a new family plugs in by adding a file, without t
   (SEAM's attention penalty) sets ``self.penalty`` during ``forward``; the trainer adds it to the loss.
 * An image encoder is an ``nn.Module`` with ``forward(features (B, *feature_shape)) -> (B, d)``
   (not normalised: the joint model applies ``|.|`` and the L2 normalisation).
-* A family rule maps the train settings to a :class:`ModelSpec`.
+* A family's ``spec`` rule maps its train settings to a :class:`ModelSpec`.
 """
 
 from __future__ import annotations
@@ -31,10 +34,6 @@ TEXT_INPUTS = ("chars", "words", "word_chars")
 _TEXT_ENCODERS: dict[str, Callable[..., TextEncoder]] = {}
 #: name -> constructor ``(feature_shape, d, **kw) -> nn.Module``
 _IMAGE_ENCODERS: dict[str, Callable[..., nn.Module]] = {}
-#: family -> rule ``(settings) -> ModelSpec``
-_FAMILIES: dict[str, Callable[[Any], ModelSpec]] = {}
-#: family -> rule ``(settings, dataset_name) -> {key: default}`` (the family's own defaults)
-_FAMILY_DEFAULTS: dict[str, Callable[[Any, str | None], dict[str, Any]]] = {}
 
 
 @dataclass(frozen=True)
@@ -110,7 +109,6 @@ def register_text_encoder(name: str | Callable[..., TextEncoder] | None = None):
 
 def create_text_encoder(name: str, vocab_size: int, **kwargs: Any) -> TextEncoder:
     """Build the registered text encoder ``name`` over an alphabet or word vocabulary of ``vocab_size``."""
-    _load_builtin_models()
     if name not in _TEXT_ENCODERS:
         known = ", ".join(list_text_encoders())
         raise KeyError(f"unknown text encoder {name!r} (registered: {known})")
@@ -131,7 +129,6 @@ def register_image_encoder(name: str):
 
 def create_image_encoder(name: str, feature_shape: tuple[int, ...], d: int, **kwargs: Any) -> nn.Module:
     """Build the registered image encoder ``name`` for rows of ``feature_shape`` into ``d`` dimensions."""
-    _load_builtin_models()
     if name not in _IMAGE_ENCODERS:
         raise KeyError(f"unknown image encoder {name!r} (registered: {', '.join(sorted(_IMAGE_ENCODERS))})")
     return _IMAGE_ENCODERS[name](tuple(int(s) for s in feature_shape), d, **kwargs)
@@ -156,75 +153,6 @@ class LinearImageEncoder(nn.Module):
 register_image_encoder("linear")(LinearImageEncoder)
 
 
-def list_families() -> list[str]:
-    """Names of the registered model families, in registration order (``chain``, ``oecc``, ...)."""
-    _load_builtin_models()
-    return list(_FAMILIES)
-
-
 def list_text_encoders() -> list[str]:
     """Sorted names of the registered text encoders."""
-    _load_builtin_models()
     return sorted(_TEXT_ENCODERS)
-
-
-def register_family(family: str):
-    """Decorator registering how ``train <family>`` builds its model: a rule ``(settings) -> ModelSpec``."""
-
-    def add(rule: Callable[[Any], ModelSpec]):
-        _FAMILIES[family] = rule
-        return rule
-
-    return add
-
-
-def register_family_defaults(family: str):
-    """Decorator registering a family's defaults: a rule ``(settings, dataset_name) -> {key: value}``.
-
-    The values replace the schema's defaults of the keys the user did not set (a paper's settings:
-    SEAM's step schedule, the FNE paper's table 1 presets, which depend on the dataset).
-    """
-
-    def add(rule: Callable[[Any, str | None], dict[str, Any]]):
-        _FAMILY_DEFAULTS[family] = rule
-        return rule
-
-    return add
-
-
-def with_family_defaults(settings: Any, dataset_name: str | None = None) -> Any:
-    """``settings`` (a ``TrainSection``) with its family's defaults for every key not set explicitly.
-
-    ``dataset_name`` is the prepared dataset's ``dataset`` field (``coco``, ``f8k``, ...), or ``None``
-    without data. Keys set explicitly (command line, pipeline, a resumed run's config) always win.
-    The result has every defaulted key marked as set, so a run's ``config.json`` records it.
-    """
-    _load_builtin_models()
-    rule = _FAMILY_DEFAULTS.get(settings.family)
-    if rule is None:
-        return settings
-    given = settings.model_dump(include=settings.model_fields_set)
-    defaults = {k: v for k, v in rule(settings, dataset_name).items() if k not in settings.model_fields_set}
-    if not defaults:
-        return settings
-    return type(settings).model_validate({**given, **defaults})
-
-
-def model_spec(settings: Any) -> ModelSpec:
-    """The :class:`ModelSpec` of ``settings.family`` (a ``TrainSection``)."""
-    _load_builtin_models()
-    if settings.family not in _FAMILIES:
-        known = ", ".join(sorted(_FAMILIES))
-        raise KeyError(f"no model is registered for family {settings.family!r} (available: {known})")
-    return _FAMILIES[settings.family](settings)
-
-
-def registered_families() -> list[str]:
-    """Families with a registered rule, sorted."""
-    _load_builtin_models()
-    return sorted(_FAMILIES)
-
-
-def _load_builtin_models() -> None:
-    """Import the model files so that their ``@register_text_encoder`` decorators have run."""
-    from train.models import chain_vse, liwe, oecc, regions, seam, uvs  # noqa: F401

@@ -63,21 +63,18 @@ Readings where the paper is silent:
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import nn
 
+from train.models.family import Family
 from train.models.maxout import length_mask
-from train.models.registry import (
-    ModelSpec,
-    TextEncoder,
-    register_family,
-    register_family_defaults,
-    register_text_encoder,
-)
+from train.models.registry import ModelSpec, TextEncoder, register_text_encoder
 from train.models.uvs import run_gru, word_embedding
+from train.settings import FamilyConfig
 
 #: size of the word embeddings (the paper's ``d``) and of the attention's hidden layer ``p``
 WORD_DIM = 300
@@ -297,8 +294,24 @@ def seam_g(vocab_size: int, hops: int = 30, penalty: float = 0.0, word_dim: int 
 DEFAULT_HOPS = {"E": 30, "C": 5, "G": 30}
 
 
-@register_family_defaults("seam")
-def _seam_defaults(settings: Any, dataset_name: str | None) -> dict[str, Any]:
+# --- the family: ``train seam`` -----------------------------------------------------------------------
+
+
+class SeamConfig(FamilyConfig):
+    """SEAM's own settings: the variant, hops of each attention module (None: the variant's default), the
+    penalty lambda, GRU units of SEAM-G."""
+
+    variant: Literal["E", "C", "G"] = Field(
+        "E", description="SEAM-E (attention over the word embeddings), SEAM-C (+ convolutions of width 2 and "
+        "3) or SEAM-G (attention over a GRU's states) (default E)")
+    hops: int | None = Field(None, ge=1, description="attention hops h of each attention module (default: "
+                             "E 30, C 5, G 30)")
+    penalty: float = Field(0.0, ge=0, description="lambda, coefficient of the attention penalty "
+                           "||AA^T - I||_F^2 (default 0)")
+    gru_units: int = Field(512, ge=1, description="GRU units of SEAM-G (default 512)")
+
+
+def seam_defaults(settings: Any, dataset_name: str | None) -> dict[str, Any]:
     """SEAM section 3.2: Adam 1e-3 divided by 10 "in the 15th epoch" (the released code's
     ``lr * 0.1 ** (epoch // 15)`` over 30 epochs, no early stopping), batch 128, margin 0.05, order
     embeddings with the sum of hinges (the schema's defaults), every caption each epoch; hops by
@@ -307,8 +320,7 @@ def _seam_defaults(settings: Any, dataset_name: str | None) -> dict[str, Any]:
             "early_stop": 30}
 
 
-@register_family("seam")
-def _seam_family(settings: Any) -> ModelSpec:
+def seam_spec(settings: Any) -> ModelSpec:
     """SEAM: words in, ``|W_t M + b|`` (``W_t`` with bias, table 2) and ``|W_i C(I)|`` (Eq. 4)."""
     variant = settings.variant
     kwargs: dict[str, Any] = {"hops": settings.hops or DEFAULT_HOPS[variant], "penalty": settings.penalty}
@@ -316,3 +328,7 @@ def _seam_family(settings: Any) -> ModelSpec:
         kwargs["gru_units"] = settings.gru_units
     return ModelSpec(f"seam_{variant.lower()}", kwargs, text_input="words", text_projection=True,
                      text_projection_bias=True, absolute=True)
+
+
+FAMILY = Family("seam", "SEAM: self-attentive word-embedding text encoders (E, C, G), order embeddings",
+                SeamConfig, seam_spec, defaults=seam_defaults, common_options=("max_words", "min_word_count"))

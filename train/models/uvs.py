@@ -44,19 +44,17 @@ Readings where the paper is silent (from the released code):
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
+from pydantic import Field
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from train.models.registry import (
-    ModelSpec,
-    TextEncoder,
-    register_family,
-    register_family_defaults,
-    register_text_encoder,
-)
+from train.models.family import Family
+from train.models.registry import ModelSpec, TextEncoder, register_text_encoder
+from train.objectives import ContrastiveObjective, CurriculumObjective, Objective
+from train.settings import FamilyConfig
 
 #: Kiros' ``norm_weight``: uniform initialisation in [-0.1, 0.1] of word embeddings and input weights
 INIT_SCALE = 0.1
@@ -179,8 +177,29 @@ def vse_preset(kind: str, dataset_name: str | None) -> dict[str, Any]:
     return {k: (v[column] if isinstance(v, tuple) else v) for k, v in VSE_PRESETS[kind].items()}
 
 
-@register_family_defaults("vse")
-def _vse_defaults(settings: Any, dataset_name: str | None) -> dict[str, Any]:
+# --- the family: ``train vse`` ------------------------------------------------------------------------
+
+#: help notes of the settings the ``--kind`` preset gives
+_PRESET_NOTE = "; the --kind preset of the prepared dataset's column, COCO's without one"
+
+
+class VseConfig(FamilyConfig):
+    """The VSE pipelines' own settings: the FNE paper's pipeline (table 1 preset), word embedding size,
+    ``|.|`` on both sides, learning rate of a curriculum's second (max-of-hinges) phase (None: ``lr``)."""
+
+    kind: Literal["SH", "SH-bl", "MH", "MH-bl", "SOE", "SOE-bl", "MOE", "MOE-bl", "PH", "POE"] = Field(
+        "SH", description="the FNE paper's pipeline, with its table 1 settings as defaults: sum (S) or max "
+        "(M) of hinges, cosine (H) or order (OE); PH/POE train with the sum until validation stops "
+        "improving, then go on from the best checkpoint with the max; -bl: the baselines' settings "
+        "(default SH)")
+    word_dim: int = Field(1024, ge=1, description="size of the word embedding (default: the --kind preset)")
+    absolute: bool = Field(False, description="|.| on both sides before the L2 normalisation (default: the "
+                           "--kind preset)")
+    finetune_lr: float | None = Field(None, gt=0, description="learning rate of the second (max of hinges) "
+                                      "phase of PH/POE (default: the preset; POE 1e-4, PH --lr)")
+
+
+def vse_defaults(settings: Any, dataset_name: str | None) -> dict[str, Any]:
     """The ``--kind`` preset, plus the FNE paper's training (section 4.3.1): one random caption per
     image per epoch, batch 128, constant Adam learning rate, gradient clipping at 2, up to 200 epochs.
     The paper keeps the best validation model of 200 epochs without early stopping; the curricula need
@@ -189,9 +208,24 @@ def _vse_defaults(settings: Any, dataset_name: str | None) -> dict[str, Any]:
             "epochs": 200, "early_stop": 20}
 
 
-@register_family("vse")
-def _vse_family(settings: Any) -> ModelSpec:
+def vse_spec(settings: Any) -> ModelSpec:
     """VSE pipelines: words in, the GRU's last state (``d`` units, no ``W_t``) and ``W_i x`` (no bias),
     ``|.|`` when ``absolute`` (table 1), L2-normalised."""
     return ModelSpec("uvs_gru", {"d": settings.d, "word_dim": settings.word_dim}, text_input="words",
                      text_projection=False, absolute=settings.absolute)
+
+
+def vse_objective(settings: Any) -> Objective:
+    """The FNE paper's pipelines: PH and POE are curricula (sum, then max of hinges); the others the
+    plain contrastive loss of their preset."""
+    if settings.kind in CURRICULA:
+        return CurriculumObjective(settings.measure, settings.margin, settings.loss, settings.order_sqrt,
+                                   phases=(settings.loss, "max"))
+    return ContrastiveObjective(settings.measure, settings.margin, settings.loss, settings.order_sqrt)
+
+
+FAMILY = Family(
+    "vse", "VSE pipelines of the FNE paper: word embedding + GRU on FNE or one-layer features "
+    "(SH, MH, SOE, MOE, PH, POE)", VseConfig, vse_spec, defaults=vse_defaults, objective=vse_objective,
+    common_options=("max_words", "min_word_count"),
+    help_notes={key: _PRESET_NOTE for key in VSE_PRESETS["SH"]})

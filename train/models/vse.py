@@ -21,13 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from train.models.family import model_spec
 from train.models.registry import (
     ModelSpec,
     TextEncoder,
     count_parameters,
     create_image_encoder,
     create_text_encoder,
-    model_spec,
 )
 
 
@@ -119,7 +119,8 @@ def build_model(settings, vocab_size: int, feature_shape: int | Sequence[int],
     """The model of a ``TrainSection``: the family's :class:`ModelSpec` with joint size ``settings.d``.
 
     Args:
-        settings: ``prep.pipelines.TrainSection`` (``family``, the family's keys, ``d``).
+        settings: a family's settings (:func:`train.models.family.train_settings`: ``family``, the
+            family's keys, ``d``).
         vocab_size: symbols of the train-split alphabet (character input) or word vocabulary (words).
         feature_shape: shape of one image's features: ``C`` (or ``(C,)``) for global/FNE features,
             ``(k, D)`` for region features.

@@ -1,9 +1,13 @@
-"""Named pipelines (``pipelines.yaml``): one validated entry per experiment.
+"""The schema of ``pipelines.yaml``: one validated entry per experiment, and the stage commands' defaults.
 
-A pipeline has up to four sections, one per stage: ``prep``, ``features``, ``train`` and
-``evaluate``. Each section is a schema below (pydantic, ``extra="forbid"``): an unknown key, a
+A pipeline has a section per stage: ``prep``, ``features``, ``train`` (or ``classify``) and
+``evaluate``. Each section is a schema (pydantic, ``extra="forbid"``): an unknown key, a
 wrong type or a missing required field is a :class:`~vsecore.errors.UserError` that names the file,
-the pipeline and the key.
+the pipeline and the key. The ``train`` section is the settings of its family: the common fields
+(:class:`train.settings.TrainSection`) + the family's own (its ``Family.config``,
+:mod:`train.models.family`), so the keys a file may use are the union of the registered families'
+settings, and a key of another family is an error that names its family. The families (and torch)
+are imported only when a file is read, so ``prep`` and ``features`` start without them.
 
 The schemas are also the single source of the stage commands' defaults. A stage command parses
 its options with ``default=None`` and calls :func:`stage_settings`; the result is, key by key,
@@ -27,21 +31,22 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from train.settings import TrainSection
 from vsecore.errors import UserError
+from vsecore.schema import Section
 
 DATASETS = ("coco", "f8k", "f30k", "multi30k", "yjcaptions", "synthetic", "karpathy", "textcls")
-FAMILIES = ("chain", "oecc", "seam", "vse", "clmr", "liwe")
 PROTOCOLS = ("1k", "5cv", "5k", "all")
-
-
-class Section(BaseModel):
-    """Base of every stage section: strict keys, no coercion surprises."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-    #: fields holding filesystem paths (resolved against the YAML file's folder)
-    path_fields: ClassVar[tuple[str, ...]] = ()
 
 
 class PrepSection(Section):
@@ -137,137 +142,6 @@ class FeaturesSection(Section):
     fixed_boxes: int | None = 36
 
 
-#: clmr / liwe (LIWE paper): keys only they accept, and the defaults they change (the paper's cosine
-#: similarity; LAVSE's margin 0.2) when a setting is not given
-LIWE_FAMILIES = ("clmr", "liwe")
-LIWE_FAMILY_KEYS: dict[str, tuple[str, ...]] = {
-    "layers": ("liwe",),
-    "eta": LIWE_FAMILIES,
-    "cross_lang": LIWE_FAMILIES,
-    "langs": LIWE_FAMILIES,
-}
-
-
-class TrainSection(Section):
-    """Options of ``train <family>`` (family-specific keys are checked against the family)."""
-
-    path_fields: ClassVar[tuple[str, ...]] = ("data", "features", "out")
-    #: keys only some families accept
-    family_keys: ClassVar[dict[str, tuple[str, ...]]] = {
-        **LIWE_FAMILY_KEYS,
-        "version": ("chain",),
-        "p": ("chain",),
-        "arch": ("oecc",),
-        "word_length": ("liwe",),
-        # seam (train seam)
-        "variant": ("seam",),
-        "hops": ("seam",),
-        "penalty": ("seam",),
-        "gru_units": ("seam",),
-        # vse (train vse)
-        "kind": ("vse",),
-        "word_dim": ("vse",),
-        "absolute": ("vse",),
-        "finetune_lr": ("vse",),
-    }
-    family: Literal["chain", "oecc", "seam", "vse", "clmr", "liwe"]
-    data: str | None = None
-    features: str | None = None
-    out: str
-    version: Literal["v1", "v2"] = "v1"
-    p: float = Field(1.0, gt=0)
-    arch: Literal["A", "B", "C", "D"] = "D"
-    d: int = Field(1024, ge=1)
-    measure: Literal["order", "cosine"] = "order"
-    order_sqrt: bool = False
-    loss: Literal["sum", "max"] = "sum"
-    margin: float = Field(0.05, ge=0)
-    #: a batch's other pairs are the contrastive examples, so a batch needs at least two
-    batch_size: int = Field(128, ge=2)
-    lr: float = Field(1e-3, gt=0)
-    lr_decay_patience: int = Field(3, ge=1)
-    early_stop: int = Field(10, ge=1)
-    epochs: int = Field(30, ge=1)
-    #: character models read at most this many characters of a caption
-    max_chars: int = Field(256, ge=1)
-    #: word models read at most this many words of a caption
-    max_words: int = Field(100, ge=1)
-    #: word models: words seen fewer times in the train split map to <unk>
-    min_word_count: int = Field(1, ge=1)
-    #: LIWE: characters per word (longer words are cut); None: from the train split's word lengths
-    word_length: int | None = Field(None, ge=1)
-    # --- clmr / liwe ---
-    #: LIWE: sizes of the word embedder's fully connected layers (f1, f2, ...): LIWE(128,256)
-    layers: list[int] = Field(default_factory=lambda: [128, 256], min_length=1)
-    #: the hard-negative weight lambda = 1 - eta^iteration of J = lambda J_max + (1 - lambda) J_sum
-    eta: float = Field(0.991, ge=0, le=1)
-    #: languages aligned to ``lang`` by the dataset's pairs, for the cross-language loss (none: off)
-    cross_lang: list[str] = Field(default_factory=list)
-    #: languages of the image-text training captions (default: ``lang`` only, as the paper's Eq. 8 and LAVSE)
-    langs: list[str] | None = Field(None, min_length=1)
-    grad_clip: float | None = Field(2.0, ge=0)
-    #: learning-rate schedule: /10 on a validation plateau, /10 every ``lr_step`` epochs, or constant
-    lr_schedule: Literal["plateau", "step", "constant"] = "plateau"
-    lr_step: int = Field(15, ge=1)
-    # seam: variant, hops of each attention module (None: the variant's default), penalty lambda,
-    # GRU units of SEAM-G
-    variant: Literal["E", "C", "G"] = "E"
-    hops: int | None = Field(None, ge=1)
-    penalty: float = Field(0.0, ge=0)
-    gru_units: int = Field(512, ge=1)
-    # vse: the FNE paper's pipeline (table 1 preset), word embedding size, |.| on both sides,
-    # learning rate of a curriculum's second (max-of-hinges) phase (None: the same as lr)
-    kind: Literal["SH", "SH-bl", "MH", "MH-bl", "SOE", "SOE-bl", "MOE", "MOE-bl", "PH", "POE"] = "SH"
-    word_dim: int = Field(1024, ge=1)
-    absolute: bool = False
-    finetune_lr: float | None = Field(None, gt=0)
-    captions_per_epoch: Literal["all", "one"] = "all"
-    #: language of the training and validation captions (``lang`` of the prepared sentences)
-    lang: str = "en"
-    #: write a mid-epoch checkpoint every this many steps, so ``--resume`` survives a kill
-    checkpoint_every: int = Field(200, ge=1)
-    val_images: int | None = Field(None, ge=1)
-    val_protocol: Literal["1k", "5cv", "5k", "all"] = "all"
-    seed: int = 0
-    device: str = "auto"
-    amp: bool = False
-    workers: int = Field(0, ge=0)
-
-    @model_validator(mode="after")
-    def _liwe_constraints(self) -> TrainSection:
-        # clmr/liwe defaults (cosine, margin 0.2) are the family's (train.models.liwe, applied with
-        # the registry's family defaults); here only what they cannot take when asked for explicitly
-        if self.family in LIWE_FAMILIES:
-            if "measure" in self.model_fields_set and self.measure != "cosine":
-                raise ValueError(f"family '{self.family}' uses the cosine similarity (the paper's), "
-                                 f"not '{self.measure}'")
-            if "loss" in self.model_fields_set and self.loss == "max":
-                # the eta schedule weighs sum and max; eta 0 is the max alone
-                raise ValueError(f"family '{self.family}' mixes the sum and max of hinges by the eta "
-                                 "schedule: use eta 0 for the max of hinges alone, not loss 'max'")
-        return self
-
-    @model_validator(mode="after")
-    def _family_keys(self) -> TrainSection:
-        for key, families in self.family_keys.items():
-            if key in self.model_fields_set and self.family not in families:
-                raise ValueError(f"'{key}' applies to family {'/'.join(families)}, not '{self.family}'")
-        return self
-
-    @model_validator(mode="after")
-    def _liwe_languages(self) -> TrainSection:
-        if self.langs is not None and self.lang not in self.langs:
-            raise ValueError(f"langs {self.langs} must include lang '{self.lang}' (the validation language)")
-        if self.lang in self.cross_lang:
-            raise ValueError(f"cross_lang pairs '{self.lang}' with other languages; it cannot include it")
-        return self
-
-    @property
-    def train_langs(self) -> list[str]:
-        """Languages of the image-text training captions: ``langs``, else ``[lang]``."""
-        return list(self.langs) if self.langs else [self.lang]
-
-
 #: ``train classify --encoder``: the registered text encoders a classifier can read texts with
 CLASSIFY_ENCODERS = ("chain", "oecc", "seam", "gru")
 
@@ -350,7 +224,8 @@ class CompareSection(Section):
     """
 
     path_fields: ClassVar[tuple[str, ...]] = ("data", "features", "regions", "out")
-    families: list[str] = Field(default_factory=lambda: list(FAMILIES), min_length=1)
+    #: family names (their defaults) or pipeline names of the same file; None: every registered family
+    families: list[str] | None = Field(None, min_length=1)
     epochs: int | None = Field(None, ge=1)
     seed: int = 0
     seeds: int = Field(1, ge=1)
@@ -390,6 +265,17 @@ class Pipeline(BaseModel):
     def source(self) -> Path | None:
         """The pipelines file this pipeline was read from (None when built in code)."""
         return self._source
+
+    @field_validator("train", mode="before")
+    @classmethod
+    def _family_settings(cls, value: Any) -> Any:
+        """A ``train:`` mapping is the settings of its family (``TrainSection`` + the family's own
+        fields): any key of the union of the families' settings is known, and belongs to its family."""
+        if not isinstance(value, dict):
+            return value
+        from train.models.family import train_settings  # the families (and torch) only once a file is read
+
+        return train_settings(**value)
 
     @model_validator(mode="after")
     def _chain_outputs(self) -> Pipeline:
@@ -598,7 +484,6 @@ def stage_settings(stage: str, args: argparse.Namespace, **fixed: Any) -> Sectio
     attribute names equal the section's keys. ``fixed`` pins keys given by the subcommand
     (``dataset=...``, ``kind=...``, ``family=...``).
     """
-    model = SECTIONS[stage]
     values: dict[str, Any] = {}
     name = getattr(args, "pipeline", None)
     where = "command line"
@@ -612,11 +497,12 @@ def stage_settings(stage: str, args: argparse.Namespace, **fixed: Any) -> Sectio
         for key, val in fixed.items():
             if key in values and values[key] != val and key in section.model_fields_set:
                 raise UserError(f"pipeline '{name}' is a {stage} of {key} '{values[key]}', not '{val}'")
+    values.update(fixed)
+    model = _section_model(stage, values)
     for key in model.model_fields:
         val = getattr(args, key, None)
-        if val is not None:
+        if val is not None and key not in fixed:
             values[key] = val
-    values.update(fixed)
     try:
         return model.model_validate(values)
     except ValidationError as exc:
@@ -631,6 +517,15 @@ def stage_settings(stage: str, args: argparse.Namespace, **fixed: Any) -> Sectio
             raise UserError(f"{opt} {err['input']!r}{source}: {_lower_first(err['msg'])}") from None
         msg = err["msg"].removeprefix("Value error, ")
         raise UserError(f"{stage} ({where}): {loc + ': ' if loc else ''}{msg}") from None
+
+
+def _section_model(stage: str, values: dict[str, Any]) -> type[Section]:
+    """The schema of a stage's section: for ``train``, the settings class of its family."""
+    if stage == "train" and "family" in values:
+        from train.models.family import settings_class
+
+        return settings_class(values["family"])
+    return SECTIONS[stage]
 
 
 def _given(args: argparse.Namespace) -> set[str]:

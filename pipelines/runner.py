@@ -34,8 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pipelines.schema import Pipeline, default_pipelines_file, get_pipeline, load_pipelines
 from prep.dataset import RECORD_FILE, changed_inputs
-from prep.pipelines import Pipeline, default_pipelines_file, get_pipeline, load_pipelines
 from train.rundir import RunDir
 from vsecore.errors import UserError
 from vsecore.io import write_json_atomic
@@ -85,7 +85,7 @@ def _run_compare(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
     from train.compare import Plan, parse_entries, run_compare
 
     c = pipe.compare
-    entries = parse_entries(",".join(c.families), pipe.source)
+    entries = parse_entries(",".join(c.families) if c.families else None, pipe.source)
     run_compare(Plan(data=c.data, features=c.features, regions=c.regions, entries=entries,
                      seeds=[c.seed + k for k in range(c.seeds)], epochs=c.epochs, out=c.out, device=c.device,
                      noise=c.noise))
