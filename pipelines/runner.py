@@ -40,7 +40,7 @@ from train.rundir import RunDir
 from vsecore.errors import UserError
 from vsecore.io import write_json_atomic
 
-STAGES = ("prep", "features", "train", "classify", "evaluate")
+STAGES = ("prep", "features", "regions", "train", "classify", "compare", "evaluate")
 
 
 def fingerprint(settings: dict[str, Any], upstream: str = "") -> str:
@@ -71,6 +71,24 @@ def _run_features(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
     from features.run import run_features
 
     run_features(pipe.features, overwrite=overwrite and not resume)
+
+
+def _run_regions(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
+    from features.run import run_features
+
+    run_features(pipe.regions, overwrite=overwrite and not resume)
+
+
+def _run_compare(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
+    """``train compare`` with the section's settings; it resumes from its own folder in any case (finished
+    runs are kept, the run it was in goes on)."""
+    from train.compare import Plan, parse_entries, run_compare
+
+    c = pipe.compare
+    entries = parse_entries(",".join(c.families) if c.families else None, pipe.source)
+    run_compare(Plan(data=c.data, features=c.features, regions=c.regions, entries=entries,
+                     seeds=[c.seed + k for k in range(c.seeds)], epochs=c.epochs, out=c.out, device=c.device,
+                     noise=c.noise))
 
 
 def _run_train(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
@@ -119,6 +137,8 @@ RUNNERS: dict[str, Callable[[Pipeline, bool, bool], None]] = {
     "features": _run_features,
     "train": _run_train,
     "classify": _run_classify,
+    "regions": _run_regions,
+    "compare": _run_compare,
     "evaluate": _run_evaluate,
 }
 

@@ -31,7 +31,15 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from train.settings import TrainSection
 from vsecore.errors import UserError
@@ -208,6 +216,32 @@ class EvaluateSection(Section):
     length_analysis: bool = False
 
 
+class CompareSection(Section):
+    """Options of ``train compare`` as a pipeline stage (:mod:`train.compare`).
+
+    ``data`` defaults to ``prep.out``, ``features`` to the ``features`` stage's store and ``regions`` to
+    the ``regions`` stage's (a second feature stage, of kind ``regions``, for the region families).
+    """
+
+    path_fields: ClassVar[tuple[str, ...]] = ("data", "features", "regions", "out")
+    #: family names (their defaults) or pipeline names of the same file; None: every registered family
+    families: list[str] | None = Field(None, min_length=1)
+    epochs: int | None = Field(None, ge=1)
+    seed: int = 0
+    seeds: int = Field(1, ge=1)
+    noise: str = "0.05:0.25:0.05"
+    device: str = "auto"
+    data: str | None = None
+    features: str | None = None
+    regions: str | None = None
+    out: str
+
+
+def _store_key(section: FeaturesSection) -> str:
+    """The array a stage's store is read by: ``fne``, ``regions`` or ``global``."""
+    return "fne" if section.kind == "fne" else ("regions" if section.kind == "regions" else "global")
+
+
 class Pipeline(BaseModel):
     """One named experiment: its description and the settings of each stage."""
 
@@ -219,7 +253,18 @@ class Pipeline(BaseModel):
     train: TrainSection | None = None
     #: text classification (``train classify``), beside retrieval: a pipeline has train or classify
     classify: ClassifySection | None = None
+    #: a second feature stage, the region store of a comparison's region families (``kind: regions``)
+    regions: FeaturesSection | None = None
+    #: ``train compare``: several families on this pipeline's dataset and stores
+    compare: CompareSection | None = None
     evaluate: EvaluateSection | None = None
+    #: the pipelines file this pipeline was read from (a comparison's pipeline entries come from it too)
+    _source: Path | None = PrivateAttr(default=None)
+
+    @property
+    def source(self) -> Path | None:
+        """The pipelines file this pipeline was read from (None when built in code)."""
+        return self._source
 
     @field_validator("train", mode="before")
     @classmethod
@@ -234,15 +279,18 @@ class Pipeline(BaseModel):
 
     @model_validator(mode="after")
     def _chain_outputs(self) -> Pipeline:
-        if self.features is not None and self.features.data is None:
-            self.features.data = self.prep.out
+        for stage in (self.features, self.regions):
+            if stage is not None and stage.data is None:
+                stage.data = self.prep.out
+        if self.regions is not None and self.regions.kind != "regions":
+            raise ValueError("'regions' is a feature stage of kind 'regions'")
         if self.train is not None:
             if self.train.data is None:
                 self.train.data = self.prep.out
             if self.train.features is None and self.features is not None:
-                key = "fne" if self.features.kind == "fne" else (
-                    "regions" if self.features.kind == "regions" else "global")
-                self.train.features = f"{self.features.out}:{key}"
+                self.train.features = f"{self.features.out}:{_store_key(self.features)}"
+        if self.compare is not None:
+            self._chain_compare(self.compare)
         if self.classify is not None:
             if self.train is not None:
                 raise ValueError("a pipeline has a 'train' (retrieval) or a 'classify' section, not both")
@@ -252,12 +300,27 @@ class Pipeline(BaseModel):
             raise ValueError("'evaluate' needs a 'train' section")
         return self
 
+    def _chain_compare(self, compare: CompareSection) -> None:
+        if self.train is not None or self.classify is not None:
+            raise ValueError("a pipeline has a 'train', a 'classify' or a 'compare' section, not two")
+        if compare.data is None:
+            compare.data = self.prep.out
+        for stage in (self.features, self.regions):
+            if stage is None:
+                continue
+            if stage.kind == "regions" and compare.regions is None:
+                compare.regions = f"{stage.out}:regions"
+            elif stage.kind != "regions" and compare.features is None:
+                compare.features = f"{stage.out}:{_store_key(stage)}"
+
 
 SECTIONS: dict[str, type[Section]] = {
     "prep": PrepSection,
     "features": FeaturesSection,
     "train": TrainSection,
     "classify": ClassifySection,
+    "regions": FeaturesSection,
+    "compare": CompareSection,
     "evaluate": EvaluateSection,
 }
 
@@ -391,6 +454,7 @@ def load_pipelines(file: str | os.PathLike | None = None, expand: str | None = N
                                strict=(name == expand))
         try:
             out[str(name)] = Pipeline.model_validate(body)
+            out[str(name)]._source = path
         except ValidationError as exc:
             raise UserError(_format_error(exc, path, str(name))) from None
     return out

@@ -36,14 +36,42 @@ def test_gallery_page_lists_queries_with_their_ranked_results(run_dir: Path, tmp
     assert text.count('class="query"') == 6  # 3 text queries + 3 image queries
     assert text.count("data:image/jpeg;base64,") >= 3 * 4 + 3  # thumbnails embedded, no external files
     assert "src=\"http" not in text and "src=\"file" not in text
-    # every text query's listed rank is the one the CSV has for that caption
-    ranks = {}
-    for line in csv.read_text().splitlines()[1:]:
-        fields = line.split(",")
-        if fields[2] == "t2i":
-            ranks.setdefault(int(fields[4]), 0)
-    shown = [int(r) for r in re.findall(r"ground truth at rank (\d+)", text)]
-    assert len(shown) == 3 and set(shown) <= set(ranks)
+    check_queries_against_the_ranks(text, csv.read_text())
+
+
+def _csv_rows(csv_text: str, direction: str) -> dict[tuple[str, ...], dict[str, str]]:
+    """The CSV's queries of one direction keyed by their top-K scores as the page prints them."""
+    lines = csv_text.splitlines()
+    header = lines[0].split(",")
+    rows = [dict(zip(header, line.split(","), strict=True)) for line in lines[1:]]
+    return {tuple(f"{float(x):.4f}" for x in r["topk_scores"].split()): r
+            for r in rows if r["direction"] == direction}
+
+
+def check_queries_against_the_ranks(page: str, csv_text: str) -> None:
+    """Every query of the page shows the rank the evaluation gave it, and outlines the ground truth exactly
+    where the evaluation ranked it (no mark when it is beyond the top K): a gallery that marks nothing,
+    or shows one query's rank for all, fails."""
+    blocks = page.split('<div class="query">')[1:]
+    t2i, i2t = _csv_rows(csv_text, "t2i"), _csv_rows(csv_text, "i2t")
+    shown_ranks, marks = [], 0
+    for block in blocks:
+        scores = tuple(re.findall(r'<span class="score">([-\d.]+)</span>', block))
+        text_query = 'class="qtext"' in block
+        row = (t2i if text_query else i2t)[scores]  # the CSV row of this query
+        rank = int(re.search(r"at rank (\d+)", block).group(1))
+        assert rank == int(row["rank"])
+        shown_ranks.append(rank)
+        candidates = re.findall(r'<div class="cand( gt)?">', block) if text_query else \
+            re.findall(r"<li( class=\"gt\")?>", block)
+        outlined = [k + 1 for k, mark in enumerate(candidates) if mark]
+        truth = set(row["ground_truth"].split())
+        expected = [k + 1 for k, c in enumerate(row["topk"].split()) if c in truth]
+        assert outlined == expected, (outlined, expected)
+        marks += len(outlined)
+        if rank <= len(candidates) and int(row["ties"]) == 0:
+            assert outlined[0] == rank  # no tie: the first outlined candidate sits at the rank shown
+    assert marks > 0 and len(set(shown_ranks)) > 1  # the page shows real, varying ranks
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian package 'chromium')")

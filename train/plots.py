@@ -91,3 +91,23 @@ def plot_parameters_vs_rsum(rows: Sequence[dict[str, Any]], path: str | os.PathL
     ax.legend(fontsize=8)
     ax.set_title(title)
     return save_figure(fig, path)
+
+
+def plot_noise_by_family(curves: Sequence[dict[str, Any]], path: str | os.PathLike,
+                         title: str = "R@1 under character noise (test split)") -> Path:
+    """R@1 against the share of replaced caption characters, one line per entry, i2t and t2i side by side.
+
+    ``curves``: dicts with ``name``, ``ratio`` (list, 0 first) and ``i2t_r1`` / ``t2i_r1`` (lists, percent).
+    """
+    fig, axes = new_figure(2, width=4.8, height=3.8)
+    for ax, direction, label in zip(axes, ("i2t", "t2i"), ("image -> text", "text -> image"), strict=True):
+        for c in curves:
+            ax.plot([100 * r for r in c["ratio"]], c[f"{direction}_r1"], marker="o", markersize=3,
+                    label=c["name"])
+        ax.set_xlabel("characters replaced (%)")
+        ax.set_ylabel("R@1 (%)")
+        ax.set_title(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    return save_figure(fig, path)
