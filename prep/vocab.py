@@ -9,7 +9,7 @@ codebases had.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from prep.dataset import PAD, UNK
@@ -19,7 +19,9 @@ from vsecore.errors import UserError
 UNKNOWN_WARN_SHARE = 0.05
 
 
-def _ordered(counts: Counter, min_count: int) -> list[str]:
+def kept_symbols(counts: Mapping[str, int], min_count: int) -> list[str]:
+    """The one ``min_count`` rule of every vocabulary: symbols seen at least ``min_count`` times
+    (``<pad>`` and ``<unk>`` aside), most frequent first, ties by symbol."""
     kept = [(s, c) for s, c in counts.items() if c >= min_count and s not in (PAD, UNK)]
     return [s for s, _ in sorted(kept, key=lambda sc: (-sc[1], sc[0]))]
 
@@ -29,7 +31,7 @@ def build_char_vocabulary(texts: Iterable[str], min_count: int = 1, lowercase: b
     counts: Counter = Counter()
     for text in texts:
         counts.update(text.lower() if lowercase else text)
-    symbols = [PAD, UNK, *_ordered(counts, min_count)]
+    symbols = [PAD, UNK, *kept_symbols(counts, min_count)]
     return {"pad": PAD, "unk": UNK, "symbols": symbols,
             "counts": {s: counts[s] for s in symbols[2:]}, "min_count": min_count, "lowercase": lowercase}
 
@@ -39,7 +41,7 @@ def build_word_vocabulary(token_lists: Iterable[Iterable[str]], min_count: int =
     counts: Counter = Counter()
     for tokens in token_lists:
         counts.update(tokens)
-    tokens_kept = [PAD, UNK, *_ordered(counts, min_count)]
+    tokens_kept = [PAD, UNK, *kept_symbols(counts, min_count)]
     return {"pad": PAD, "unk": UNK, "min_count": min_count, "tokens": tokens_kept,
             "counts": {t: counts[t] for t in tokens_kept[2:]}}
 

@@ -87,7 +87,9 @@ def word_vocabulary(words: Vocabulary, min_count: int) -> Vocabulary:
     """
     if min_count <= words.min_count:
         return words
-    kept = [t for t in words.symbols[2:] if words.counts.get(t, 0) >= min_count]
+    from prep.vocab import kept_symbols
+
+    kept = kept_symbols(words.counts, min_count)  # words.json's own order: the same rule built it
     return Vocabulary(symbols=words.symbols[:2] + kept, counts={t: words.counts[t] for t in kept},
                       min_count=min_count, lowercase=words.lowercase, pad=words.pad, unk=words.unk)
 
