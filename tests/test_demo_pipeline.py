@@ -16,6 +16,11 @@ import pytest
 
 from train.cli import main as train_main
 
+# one torch thread, as `make demo` runs: on a 2-core machine shared with other work, two threads wait on each
+# other (measured under load 6: 382 s for this test with the default threads, the same stages take 41 s
+# as `OMP_NUM_THREADS=1 train pipeline`)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 SMALL = """
 pipelines:
   small-demo:
