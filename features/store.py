@@ -18,7 +18,10 @@ Layout (see ``docs/ARCHITECTURE.md``, "Feature store")::
 
 Row arrays are chunked along rows by the block size, so a block writes whole chunks only and two
 blocks (two Dask tasks) never touch the same file; ``blocks_done`` and ``failures`` have chunk
-size 1 for the same reason. A block's flag is written last, so a set flag means its rows are on
+size 1 for the same reason. An array whose rows are large (:data:`SHARD_ROW_BYTES`: region features)
+is a Zarr v3 sharded array instead: one shard file per block, one inner chunk per row, so that the
+trainer reads the rows of a random batch one by one (:mod:`features.rows`) rather than decoding a
+whole block for each. A block's flag is written last, so a set flag means its rows are on
 disk. Every chunk is written, even one equal to the fill value (Zarr skips those by default), so
 a missing chunk file of a finished block always means damage. Attributes (written only by the
 single driver, at creation and at the end) hold the configuration that determines the numbers
@@ -74,6 +77,9 @@ TERNARY, TERNARY_NEW, TERNARY_OLD = "fne/ternary", "fne/ternary_new", "fne/terna
 #: Zarr does not write a chunk equal to the fill value by default; the store writes every chunk, so
 #: that a finished block's chunk file is never legitimately absent (``features verify``, resume)
 ARRAY_CONFIG = {"write_empty_chunks": True}
+#: rows of at least this many bytes (region features: 49 x 1280 float16 is 125 KB, 36 x 2048 float32 288 KB)
+#: are stored one inner chunk per row inside one shard per block; smaller rows one chunk per block
+SHARD_ROW_BYTES = 32 * 1024
 
 
 @functools.cache
@@ -137,7 +143,9 @@ class StoreArray:
         """The UserError for a failed read of ``key``; ``exc`` itself if no chunk is unreadable."""
         first = key[0] if isinstance(key, tuple) and key else key
         n = self.zarr.shape[0]
-        if isinstance(first, slice) and first.step in (None, 1):
+        if isinstance(first, np.ndarray) and first.size:
+            lo, hi = int(first.min()), int(first.max()) + 1
+        elif isinstance(first, slice) and first.step in (None, 1):
             lo, hi, _ = first.indices(n)
         elif isinstance(first, (int, np.integer)) and n:
             lo = int(first) % n
@@ -155,9 +163,9 @@ class StoreArray:
     def damaged_chunk(self, lo: int, hi: int) -> tuple[str, int, int, str] | None:
         """The first chunk of rows ``lo:hi`` that cannot be decoded: ``(file relative to the store,
         first row, stop row, reason)``, or ``None``."""
-        rows = self.zarr.chunks[0]
+        rows = rows_per_file(self.zarr)
         for r in range(lo // rows, max(lo // rows, math.ceil(hi / rows))):
-            for rest in np.ndindex(*self.zarr.cdata_shape[1:]):
+            for rest in np.ndindex(*self._file_grid()[1:]):
                 try:
                     self.zarr.get_block_selection((r, *rest))
                 except Exception as exc:  # noqa: BLE001 - codecs raise RuntimeError, ValueError, ...
@@ -165,10 +173,15 @@ class StoreArray:
                     return file, r * rows, min((r + 1) * rows, self.zarr.shape[0]), _one_line(exc)
         return None
 
+    def _file_grid(self) -> tuple[int, ...]:
+        """Chunk files along each axis (shards of a sharded array, else chunks)."""
+        per_file = self.zarr.shards or self.zarr.chunks
+        return tuple(math.ceil(s / c) for s, c in zip(self.zarr.shape, per_file, strict=True))
+
     def chunk_files(self, blocks: Iterable[int]) -> dict[int, list[Path]]:
         """Chunk files holding the rows of each of ``blocks`` (row chunk = block; every column chunk)."""
         folder = self.store.path / self.zarr.path
-        columns = list(np.ndindex(*self.cdata_shape[1:]))
+        columns = list(np.ndindex(*self._file_grid()[1:]))
         return {int(b): [folder / self.chunk_key((int(b), *rest)) for rest in columns] for b in blocks}
 
 
@@ -235,8 +248,8 @@ class FeatureStore:
             kinds = {name: np.dtype((dtypes or {}).get(name, "float32")) for name in outputs}
             for name, spec in outputs.items():
                 shape = row_shape(spec)
-                g.create_array(name, shape=(n, *shape), chunks=(block_size, *_row_chunks(name, shape)),
-                               dtype=kinds[name], fill_value=_fill(kinds[name]))
+                g.create_array(name, shape=(n, *shape), dtype=kinds[name], fill_value=_fill(kinds[name]),
+                               **_row_layout(name, shape, kinds[name], block_size))
             g.attrs.update({
                 MARKER: STORE_FORMAT,
                 "config": _jsonable(dict(config)),
@@ -564,6 +577,20 @@ def _fill(dtype: np.dtype) -> float | int:
     return np.nan if dtype.kind == "f" else 0
 
 
+def _row_layout(name: str, shape: tuple[int, ...], dtype: np.dtype, block_size: int) -> dict[str, Any]:
+    """``chunks`` (and ``shards``) of a row array: one chunk per block, or for rows of at least
+    :data:`SHARD_ROW_BYTES` one shard per block holding one chunk per row (decided by size only)."""
+    row = _row_chunks(name, shape)
+    if row == shape and int(np.prod(shape, dtype=np.int64)) * dtype.itemsize >= SHARD_ROW_BYTES:
+        return {"chunks": (1, *shape), "shards": (block_size, *shape)}
+    return {"chunks": (block_size, *row)}
+
+
+def rows_per_file(array: zarr.Array) -> int:
+    """Rows held by one chunk file of a row array: the shard's rows for a sharded array, else the chunk's."""
+    return int((array.shards or array.chunks)[0])
+
+
 def _row_chunks(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     """Chunks of a row: whole, except the columns of wide FNE arrays (:data:`COLUMN_CHUNK`)."""
     if name.startswith("fne/") and len(shape) == 1:
@@ -750,7 +777,7 @@ def check_row_records(store: FeatureStore, valid: np.ndarray) -> None:
             raise UserError(f"{path}: imgid {int(unexplained[0])} is invalid without a recorded failure "
                             f"({len(unexplained)} such rows); {fix}")
     arr = store.array("imgid")
-    rows = arr.chunks[0]
+    rows = rows_per_file(arr.zarr)
     n_chunks = math.ceil(len(valid) / rows) if len(valid) else 0
     chunks = sorted({int(c) for c in np.linspace(0, n_chunks - 1, min(IMGID_SAMPLE_CHUNKS, n_chunks))})
     index = np.concatenate([np.arange(c * rows, min((c + 1) * rows, len(valid))) for c in chunks]) if chunks \

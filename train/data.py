@@ -7,7 +7,9 @@ the prepared ``chars.json``, word indices of ``words.json``, or words spelled in
 unknown symbols -> ``<unk>`` = 1), and ``caption_image``, the row of each caption's image.
 Captions are kept as one flat array plus offsets, so COCO's 600k captions cost a few tens of
 megabytes instead of 600k Python lists; image features stay in the store's dtype, in one array
-shared by the splits (:class:`ImageRows`).
+shared by the splits (:class:`ImageRows`). Features larger than :func:`feature_memory_limit` (Karpathy
+COCO's grid regions: 15.5 GB) are not read at all: :class:`features.rows.StoreRows` reads each batch's
+rows from the store, with the same checks and bit-identical batches (``docs/scale.md``).
 
 An epoch is a fixed list of batches drawn up front from a seeded :class:`torch.Generator`
 (:func:`epoch_batches`): that list, plus the index of the next batch, is all a mid-epoch
@@ -16,9 +18,10 @@ checkpoint needs to continue exactly where a killed run stopped.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -26,6 +29,13 @@ import torch
 from features.spec import FeatureSpec
 from prep.dataset import PAD_INDEX, PreparedDataset, Vocabulary
 from vsecore.errors import UserError
+
+if TYPE_CHECKING:
+    from features.rows import StoreRows
+
+#: features up to this many bytes (in their stored dtype) are read into memory whole, larger ones a batch
+#: at a time from the store; ``VSE_FEATURE_MEMORY_MB`` overrides it (results are the same either way)
+FEATURE_MEMORY_BYTES = 4 * 2**30
 
 
 class PairBatch(NamedTuple):
@@ -202,13 +212,15 @@ class ImageRows:
     dense float32 copy and the train and val splits share one array.
 
     Args:
-        features: (N_all, *feature_shape) tensor, any real dtype, in the prepared dataset's imgid order.
+        features: (N_all, *feature_shape) tensor, any real dtype, in the prepared dataset's imgid order, or
+            the store's rows read on demand (:class:`features.rows.StoreRows`, same values).
         rows: (N,) int64, the feature row (imgid) of each image of the split.
         counts: (N_all,) int64 real regions per image of region features (rows after them are padding),
             or None (every region real, or not region features).
     """
 
-    def __init__(self, features: torch.Tensor, rows: np.ndarray, counts: torch.Tensor | None = None) -> None:
+    def __init__(self, features: torch.Tensor | StoreRows, rows: np.ndarray,
+                 counts: torch.Tensor | None = None) -> None:
         self.features = features
         self.rows = np.asarray(rows, dtype=np.int64)
         self.counts = counts
@@ -230,7 +242,10 @@ class ImageRows:
         """Rows ``index`` of the split as float32 ``(B, *feature_shape)`` (one row for an int index)."""
         if isinstance(index, torch.Tensor):
             index = index.cpu().numpy()
-        return self.features[torch.from_numpy(np.atleast_1d(self.rows[index]))].float().reshape(
+        rows = np.atleast_1d(self.rows[index])
+        gathered = (self.features[torch.from_numpy(rows)] if isinstance(self.features, torch.Tensor)
+                    else torch.from_numpy(self.features.take(rows)))
+        return gathered.float().reshape(
             (-1, *self.feature_shape) if not isinstance(index, int | np.integer) else self.feature_shape)
 
     def numpy(self) -> np.ndarray:
@@ -284,15 +299,34 @@ class CaptionSet:
         return Batch(self.images[image_index], tokens, lengths, image_index, counts)
 
 
-def read_features(features: str, dataset: PreparedDataset | None = None) -> tuple[np.ndarray, np.ndarray]:
+def feature_memory_limit() -> int:
+    """Bytes of features :func:`read_features` reads whole: :data:`FEATURE_MEMORY_BYTES`, or
+    ``VSE_FEATURE_MEMORY_MB`` MiB when that is set."""
+    value = os.environ.get("VSE_FEATURE_MEMORY_MB")
+    if value is None:
+        return FEATURE_MEMORY_BYTES
+    try:
+        return int(float(value) * 2**20)
+    except ValueError:
+        raise UserError(f"VSE_FEATURE_MEMORY_MB={value!r}: expected a number of MiB") from None
+
+
+def read_features(features: str, dataset: PreparedDataset | None = None
+                  ) -> tuple[np.ndarray | StoreRows, np.ndarray]:
     """``STORE[:key]`` in its stored dtype: ``(x (N, *feature_shape), valid (N,) bool)``.
 
     ``features.store.read_matrix`` with ``keep_dtype``: an int8 FNE stays int8 (converted per batch
-    by :class:`ImageRows`). With ``dataset``, a store made for other images is refused; a valid row
-    that is not finite is refused in any case.
+    by :class:`ImageRows`). An array larger than :func:`feature_memory_limit` (its size in the store's
+    metadata decides, never its values) is a :class:`features.rows.StoreRows` instead, read a batch at
+    a time. With ``dataset``, a store made for other images is refused; a valid row that is not finite
+    is refused (read whole: up front; on demand: when the row is read).
     """
-    from features.store import read_matrix  # the feature stage is imported only when features are read
+    # the feature stage is imported only when features are read
+    from features.rows import open_rows, stored_bytes
+    from features.store import read_matrix
 
+    if stored_bytes(features) > feature_memory_limit():
+        return open_rows(features, dataset)
     x, valid = read_matrix(features, dataset, keep_dtype=True)
     return np.asarray(x), np.asarray(valid, dtype=bool)
 
@@ -311,14 +345,15 @@ def read_region_counts(features: str) -> np.ndarray | None:
     return None if counts is None else np.maximum(counts, 1)
 
 
-def load_caption_set(dataset: PreparedDataset, x: np.ndarray | torch.Tensor, valid: np.ndarray, split: str,
-                     lang: str | Sequence[str], max_chars: int, max_images: int | None = None,
+def load_caption_set(dataset: PreparedDataset, x: np.ndarray | torch.Tensor | StoreRows, valid: np.ndarray,
+                     split: str, lang: str | Sequence[str], max_chars: int, max_images: int | None = None,
                      codec: TextCodec | None = None, counts: np.ndarray | None = None) -> CaptionSet:
     """Build the :class:`CaptionSet` of ``split`` in ``lang``.
 
     Args:
         dataset: the prepared dataset.
-        x: (N_all, *feature_shape) features in ``imgid`` order (kept in their dtype, not copied);
+        x: (N_all, *feature_shape) features in ``imgid`` order (kept in their dtype, not copied; or
+            read on demand, :func:`read_features`);
             ``valid``: (N_all,) usable rows.
         split: ``train``, ``val`` or ``test``; ``lang``: caption language, or several (``--langs``
             of clmr/liwe: an image's captions in every one of them, grouped by language;
@@ -365,7 +400,7 @@ def load_caption_set(dataset: PreparedDataset, x: np.ndarray | torch.Tensor, val
     offsets[1:] = np.cumsum([e.size for e in encoded])
     codes = np.concatenate([e.reshape(-1) for e in encoded]).astype(dtype)
     imgids = np.asarray(kept, dtype=np.int64)
-    features = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(x))
+    features = x if not isinstance(x, np.ndarray) else torch.from_numpy(np.ascontiguousarray(x))
     region_counts = None if counts is None else torch.as_tensor(np.asarray(counts, dtype=np.int64))
     return CaptionSet(split=split, lang="+".join(langs), images=ImageRows(features, imgids, region_counts),
                       imgids=imgids, codes=codes,

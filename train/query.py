@@ -102,7 +102,7 @@ def store_candidates(run: LoadedRun, data: str | Path, features: str, split: str
     """
     from features.store import FeatureStore, parse_spec
     from prep.dataset import PreparedDataset
-    from train.data import read_features
+    from train.data import ImageRows, read_features
     from train.trainer import embed_images
 
     key = (str(Path(data).resolve()), features, split)
@@ -124,8 +124,9 @@ def store_candidates(run: LoadedRun, data: str | Path, features: str, split: str
     rows = np.array([i for i in dataset.image_rows(split) if valid[i]], dtype=np.int64)
     if not len(rows):
         raise UserError(f"{data}: no images with valid features{f' in split {split}' if split else ''}")
-    images = embed_images(run.model, torch.from_numpy(np.ascontiguousarray(x[rows])), run.device,
-                          amp=run.settings.amp)
+    # embedded in blocks from the store's own dtype (a large store is read a block at a time)
+    features = x if not isinstance(x, np.ndarray) else torch.from_numpy(np.ascontiguousarray(x))
+    images = embed_images(run.model, ImageRows(features, rows), run.device, amp=run.settings.amp)
     lang = run.settings.lang
     texts, cap_img = dataset.captions(split, lang) if lang in dataset.languages else ([], [])
     keep = set(rows.tolist())

@@ -129,11 +129,12 @@ def changed_dataset_files(config: dict[str, Any], data: str | os.PathLike) -> li
     return changed
 
 
-def features_fingerprint(x: np.ndarray, valid: np.ndarray) -> str:
+def features_fingerprint(x: Any, valid: np.ndarray) -> str:
     """SHA-256 of the matrix shape, the valid mask and about 1024 evenly spaced rows.
 
-    Sampling rows keeps this cheap on a 6 GB FNE matrix while any re-extraction, other network
-    or other row order still changes it.
+    Sampling rows keeps this cheap on a 6 GB FNE matrix (or a 15 GB region store read on demand,
+    :class:`features.rows.StoreRows`: the same bytes) while any re-extraction, other network or other
+    row order still changes it. ``x``: ``(N, *feature_shape)``.
     """
     h = hashlib.sha256(f"{x.shape}".encode())
     h.update(np.ascontiguousarray(valid).tobytes())
@@ -350,7 +351,7 @@ class LoadedRun:
     checkpoint: str
     epoch: int
     _dataset: PreparedDataset | None = field(default=None, repr=False)
-    _features: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+    _features: tuple[Any, np.ndarray] | None = field(default=None, repr=False)
     _featurizer: Any = field(default=None, repr=False)
     _counts: np.ndarray | None = field(default=None, repr=False)
     #: use the run even when its dataset or features changed since training (a warning, not an error)
@@ -378,8 +379,9 @@ class LoadedRun:
         return self._dataset
 
     @property
-    def features(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(x (N, C) float32, valid (N,) bool)`` of the run's feature store (read on first use)."""
+    def features(self) -> tuple[Any, np.ndarray]:
+        """``(x (N, *feature_shape), valid (N,) bool)`` of the run's feature store (read on first use; ``x``
+        in the stored dtype, or read a batch at a time when large: :func:`train.data.read_features`)."""
         if self._features is None:
             if not self.settings.features:
                 raise UserError(f"{self.run_dir}: the run's config names no feature store")

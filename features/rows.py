@@ -1,0 +1,163 @@
+"""Rows of a feature store read on demand, for features too large to hold in memory.
+
+:func:`features.store.read_matrix` reads a whole array; Karpathy COCO's grid regions (123,287 x 49 x 1280
+float16, 15.5 GB) do not fit a training machine's memory that way. :func:`open_rows` opens the same
+array with the same checks (the store matches the dataset, is complete, not being written, its rows
+agree with their records) and returns a :class:`StoreRows`, which reads the rows a batch asks for and
+nothing else. Each read
+
+- refuses a valid row that is not finite, as ``read_matrix`` does for the whole array up front (here when
+  the row is read: every row that reaches a model is checked);
+- checks afterwards that the store's ``generation`` token is the one seen when it was opened, so a
+  rewrite (``--rethreshold``, a re-extraction) that overlaps training is a one-line error, never a batch
+  of mixed rows;
+- names a damaged chunk in one line (:class:`features.store.StoreArray`).
+
+Region stores are written one shard per block with one inner chunk per row
+(:data:`features.store.SHARD_ROW_BYTES`), so a random row costs one small read; a store with one chunk
+per block (written before that, or small rows) is read a whole chunk per touched block, correct but slow.
+The object pickles (by path), so a ``DataLoader``'s worker processes reopen the store themselves.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from features.store import (
+    FeatureStore,
+    StoreArray,
+    StoreState,
+    _open_for_reading,
+    check_row_records,
+    consistent_read,
+    first_nonfinite_row,
+)
+from prep.dataset import PreparedDataset
+from vsecore.errors import UserError
+
+
+class StoreRows:
+    """One row array of a finished store, read a few rows at a time; indexes like a numpy array.
+
+    Args:
+        store: the open store; name: its array (``global``, ``fne/ternary``, ``regions``, ...).
+        valid: ``(N,)`` bool, the store's ``valid`` column (read and checked by :func:`open_rows`).
+        state: the store's state when it was opened; every read checks the store still has it.
+    """
+
+    def __init__(self, store: FeatureStore, name: str, valid: np.ndarray, state: StoreState) -> None:
+        self.path, self.name = store.path, name
+        self.valid = np.asarray(valid, dtype=bool)
+        self.state = state
+        self._store: FeatureStore | None = store
+        self._array: StoreArray | None = store.array(name)
+        self.shape: tuple[int, ...] = tuple(int(v) for v in self._array.shape)
+        self.dtype = np.dtype(self._array.dtype)
+        per_file = self._array.zarr.chunks[0]
+        #: one inner chunk per row (a sharded region array): read runs of rows as slices
+        self.row_chunks = int(per_file) == 1
+
+    # the open Zarr handles stay behind when pickled (DataLoader workers reopen the store)
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_store", "_array")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _store=None, _array=None)
+
+    def _open(self) -> tuple[FeatureStore, StoreArray]:
+        if self._store is None or self._array is None:
+            self._store = FeatureStore(self.path)
+            self._array = self._store.array(self.name)
+        return self._store, self._array
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions (2 for ``(N, C)``, 3 for ``(N, k, D)``)."""
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole array in its stored dtype (none of them held)."""
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index: int | slice | np.ndarray) -> np.ndarray:
+        """Rows ``index`` (an int, a slice or an integer array) in the stored dtype: ``(B, *row_shape)``."""
+        if isinstance(index, (int, np.integer)):
+            return self.take(np.array([int(index)]))[0]
+        if isinstance(index, slice):
+            return self.take(np.arange(*index.indices(self.shape[0])))
+        return self.take(np.asarray(index))
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """Rows ``rows`` ``(B,)`` (any order, repeats allowed) -> ``(B, *row_shape)`` in the stored dtype.
+
+        Each distinct row is read once; a valid row that is not finite, a damaged chunk or a store
+        rewritten since it was opened is a one-line :class:`UserError`.
+        """
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if len(rows) and (rows.min() < 0 or rows.max() >= self.shape[0]):
+            raise IndexError(f"rows {rows.min()}..{rows.max()} outside 0..{self.shape[0] - 1}")
+        unique, inverse = np.unique(rows, return_inverse=True)
+        store, array = self._open()
+        with consistent_read(store):
+            out = self._read(array, unique)
+            store.check_unchanged(self.state)
+        bad = first_nonfinite_row(out, self.valid[unique])
+        if bad is not None:
+            row = int(unique[bad])
+            raise UserError(f"{self.path}: row {row} (imgid {row}) of '{self.name}' is marked valid but is "
+                            f"not finite (NaN or inf); run `features verify {self.path} --repair`, then the "
+                            "store's `features` command to recompute it")
+        return out[inverse.reshape(-1)]
+
+    def _read(self, array: StoreArray, unique: np.ndarray) -> np.ndarray:
+        """Sorted distinct rows: runs of consecutive rows as slices (one inner chunk per row), else one
+        orthogonal selection (each touched chunk decoded once)."""
+        if not len(unique):
+            return np.zeros((0, *self.shape[1:]), dtype=self.dtype)
+        if not self.row_chunks:
+            try:
+                return np.asarray(array.zarr.get_orthogonal_selection((unique,)))
+            except Exception as exc:  # noqa: BLE001 - codecs raise RuntimeError, ValueError, ...
+                raise array._damage((unique,), exc) from None
+        breaks = np.flatnonzero(np.diff(unique) != 1) + 1
+        starts = np.concatenate([[0], breaks])
+        stops = np.concatenate([breaks, [len(unique)]])
+        out = np.empty((len(unique), *self.shape[1:]), dtype=self.dtype)
+        for a, b in zip(starts.tolist(), stops.tolist(), strict=True):
+            out[a:b] = array[int(unique[a]):int(unique[b - 1]) + 1]
+        return out
+
+
+def open_rows(spec: str, dataset: PreparedDataset | str | os.PathLike | None = None) -> tuple[StoreRows,
+                                                                                           np.ndarray]:
+    """``(rows read on demand (N, *row_shape), valid (N,) bool)`` of ``STORE[:key]`` (as for
+    :func:`features.store.read_matrix`, the int8 FNE's ``fne`` key included), after the same checks:
+    ``dataset`` matches, the store is complete and not being written, ``valid`` agrees with the
+    recorded failures and ``imgid`` is the row number."""
+    store, _, name = _open_for_reading(spec, dataset)
+    with consistent_read(store):
+        valid = np.asarray(store.array("valid")[:], dtype=bool)
+        check_row_records(store, valid)
+        rows = StoreRows(store, name, valid, store.opened_state)
+    return rows, valid
+
+
+def stored_bytes(spec: str) -> int:
+    """Bytes of the array ``STORE[:key]`` names, in its stored dtype, from the metadata alone."""
+    from features.store import SPEC_ARRAYS, parse_spec
+
+    path, key = parse_spec(spec)
+    store = FeatureStore(path)
+    if key is None:
+        key = next((k for k in ("global", "fne", "regions") if store.has(SPEC_ARRAYS[k])), "global")
+    if not store.has(SPEC_ARRAYS[key]):
+        return 0  # the reader names the missing array
+    array = store.array(SPEC_ARRAYS[key])
+    return int(np.prod(array.shape, dtype=np.int64)) * np.dtype(array.dtype).itemsize

@@ -1,0 +1,104 @@
+"""Features read a batch at a time (features.rows, train.data.read_features above the memory limit):
+the same batches as the features read whole, the same refusals, and sharded region arrays."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_data import make_prepared, make_store
+
+from features.rows import StoreRows, open_rows
+from features.store import FeatureStore, read_matrix, rows_per_file
+from prep.dataset import PreparedDataset
+from train.data import feature_memory_limit, load_caption_set, read_features
+from train.runs import features_fingerprint
+from vsecore.errors import UserError
+
+
+def region_store(path: Path, n: int, k: int = 49, dim: int = 640, block: int = 16,
+                 invalid: tuple[int, ...] = ()) -> Path:
+    """A float16 region store written block by block with the store's writer (rows of 62 KB: sharded)."""
+    rng = np.random.default_rng(1)
+    store = FeatureStore.create(path, np.arange(n), {"regions": (k, dim), "counts": ()}, block_size=block,
+                                config={"test": True}, provenance={"network": "random"},
+                                dtypes={"regions": "float16", "counts": "int32"})
+    for b in range(store.n_blocks):
+        start, stop = store.block_rows(b)
+        x = rng.standard_normal((stop - start, k, dim)).astype(np.float16)
+        valid = np.array([i not in invalid for i in range(start, stop)])
+        x[~valid] = np.nan
+        fails = [{"imgid": i, "reason": "test"} for i in range(start, stop) if i in invalid]
+        store.write_block(b, {"regions": x, "counts": np.full(stop - start, k, np.int32)}, valid, fails)
+    store.set_attrs(complete=True)
+    return path
+
+
+def test_large_rows_are_sharded_one_row_per_chunk_one_file_per_block(tmp_path) -> None:
+    path = region_store(tmp_path / "r.zarr", 40)
+    arr = FeatureStore(path).array("regions")
+    assert arr.zarr.chunks[0] == 1 and rows_per_file(arr.zarr) == 16
+    assert sorted(p.name for p in (path / "regions" / "c").iterdir()) == ["0", "1", "2"]
+    assert FeatureStore(path).array("counts").zarr.shards is None  # small rows: one chunk per block
+
+
+def test_on_demand_rows_equal_the_whole_read_in_any_order(tmp_path) -> None:
+    path = region_store(tmp_path / "r.zarr", 40, invalid=(7,))
+    whole, valid = read_matrix(f"{path}:regions", keep_dtype=True)
+    rows, valid2 = open_rows(f"{path}:regions")
+    assert isinstance(rows, StoreRows) and rows.shape == whole.shape and rows.dtype == np.float16
+    assert np.array_equal(valid, valid2)
+    pick = np.array([39, 3, 3, 17, 16, 15, 0])
+    assert np.array_equal(rows.take(pick), whole[pick])
+    assert np.array_equal(rows[5:30:3], whole[5:30:3], equal_nan=True)
+    assert features_fingerprint(rows, valid) == features_fingerprint(whole, valid)
+    again = pickle.loads(pickle.dumps(rows))  # DataLoader workers reopen the store
+    assert np.array_equal(again.take(pick), whole[pick])
+
+
+def test_the_memory_limit_decides_by_size_and_batches_are_bit_identical(tmp_path, monkeypatch) -> None:
+    data = make_prepared(tmp_path / "tiny")
+    store = make_store(tmp_path / "tiny.zarr", data, invalid=(3,))
+    ds = PreparedDataset.load(data)
+    x, valid = read_features(f"{store}:global", ds)
+    assert isinstance(x, np.ndarray)
+    monkeypatch.setenv("VSE_FEATURE_MEMORY_MB", "0")
+    assert feature_memory_limit() == 0
+    lazy, valid2 = read_features(f"{store}:global", ds)
+    assert isinstance(lazy, StoreRows) and np.array_equal(valid, valid2)
+    a = load_caption_set(ds, x, valid, "train", "en", max_chars=256)
+    b = load_caption_set(ds, lazy, valid2, "train", "en", max_chars=256)
+    order = torch.randperm(len(a), generator=torch.Generator().manual_seed(0)).numpy()
+    for start in range(0, len(order), 7):
+        one, two = a.batch(order[start:start + 7]), b.batch(order[start:start + 7])
+        assert all(torch.equal(p, q) for p, q in zip(one[:4], two[:4], strict=True))
+    assert torch.equal(a.images[:], b.images[:])
+
+
+def test_a_valid_row_that_is_not_finite_is_refused_when_read(tmp_path) -> None:
+    path = region_store(tmp_path / "r.zarr", 40)
+    FeatureStore(path, mode="r+").array("regions")[21, 0, 0] = np.inf
+    rows, _ = open_rows(f"{path}:regions")
+    assert rows.take(np.array([1, 2])).shape == (2, 49, 640)
+    with pytest.raises(UserError, match="row 21 .*not finite"):
+        rows.take(np.array([1, 21]))
+
+
+def test_a_store_rewritten_after_opening_is_refused(tmp_path) -> None:
+    path = region_store(tmp_path / "r.zarr", 40)
+    rows, _ = open_rows(f"{path}:regions")
+    FeatureStore(path, mode="r+").set_attrs(complete=True)  # a new generation token
+    with pytest.raises(UserError, match="rewritten .*while it was being read"):
+        rows.take(np.array([0]))
+
+
+def test_a_damaged_shard_is_named(tmp_path) -> None:
+    path = region_store(tmp_path / "r.zarr", 40)
+    shard = path / "regions" / "c" / "1" / "0" / "0"
+    shard.write_bytes(shard.read_bytes()[:1000])
+    rows, _ = open_rows(f"{path}:regions")
+    with pytest.raises(UserError, match=r"'regions' is damaged at rows 16-31 \(chunk file regions/c/1/0/0"):
+        rows.take(np.array([2, 20]))
