@@ -49,7 +49,7 @@ sys.path.insert(0, {root!r})
 spec = json.loads(sys.argv[1])
 import torch
 torch.set_num_threads(1)
-from features.store import read_matrix
+from features.store_read import read_matrix
 from train.models.family import train_settings
 from train import fit
 if spec["mode"] == "train":

@@ -201,16 +201,15 @@ def peak_rss() -> int:
 
 
 def settings_of(family: str, root: Path, scale: float) -> Any:
-    """The family's ``TrainSection`` on the synthetic data, resolved as ``train <family>`` resolves it."""
-    from prep.pipelines import TrainSection
+    """The family's train settings on the synthetic data, resolved as ``train <family>`` resolves it."""
     from train.fit import _resolve_word_length
-    from train.models.registry import with_family_defaults
+    from train.models.family import train_settings, with_family_defaults
     from train.runs import absolute_settings
 
     store, key = FAMILY_FEATURES[family]
     extra = {} if scale >= 1 else {"val_protocol": "all"}  # the 5cv folds need 5,000 test images
-    settings = TrainSection(family=family, data=str(root / "data"), features=f"{root / store}:{key}",
-                            out=str(root / "runs" / family), device="cpu", **extra)
+    settings = train_settings(family=family, data=str(root / "data"), features=f"{root / store}:{key}",
+                              out=str(root / "runs" / family), device="cpu", **extra)
     return _resolve_word_length(absolute_settings(with_family_defaults(settings, "coco")))
 
 
@@ -220,7 +219,7 @@ def phase_load(family: str, root: Path, scale: float, seconds: float) -> dict[st
 
     from train.data import batch_loader, epoch_batches
     from train.fit import _load_data
-    from train.models.registry import model_spec
+    from train.models.family import model_spec
 
     s = settings_of(family, root, scale)
     t0 = time.perf_counter()
@@ -249,9 +248,8 @@ def phase_train(family: str, root: Path, scale: float, steps: int) -> dict[str, 
 
     from train.data import batch_loader, epoch_batches
     from train.fit import _load_data
-    from train.models.registry import model_spec
+    from train.models.family import build_objective, model_spec
     from train.models.vse import build_model
-    from train.objectives import build_objective
     from train.trainer import Trainer
 
     s = settings_of(family, root, scale)
@@ -292,7 +290,7 @@ def phase_eval(family: str, root: Path, scale: float, eval_captions: int) -> dic
     from prep.dataset import PreparedDataset
     from train.data import codec_for, load_caption_set, read_features, read_region_counts
     from train.evaluate import PROTOCOLS, protocol_folds
-    from train.models.registry import model_spec
+    from train.models.family import model_spec
     from train.models.vse import build_model
     from train.trainer import embed_codes, embed_images, retrieval_metrics
     from vsecore.errors import UserError

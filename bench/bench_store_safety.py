@@ -29,12 +29,9 @@ sys.path.insert(0, str(ROOT))
 
 from features.extract import check_images_available  # noqa: E402
 from features.images import check_work, load_image  # noqa: E402
-from features.store import (  # noqa: E402
-    FeatureStore,
-    check_row_records,
-    probe_writable,  # noqa: E402
-    read_matrix,
-)
+from features.run import probe_writable  # noqa: E402
+from features.store import FeatureStore  # noqa: E402
+from features.store_read import check_row_records, read_matrix  # noqa: E402
 
 
 def best(fn, repeat: int) -> float:

@@ -21,13 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from features.store import (
-    REGION_ARRAYS,
-    FeatureStore,
-    parse_spec,
-    read_matrix,
-    stored_region_counts,
-)
+from features.store import FeatureStore
+from features.store_read import REGION_ARRAYS, parse_spec, read_matrix, stored_region_counts
 from prep.dataset import SPLITS, PreparedDataset
 from vsecore import console
 from vsecore.errors import UserError

@@ -26,15 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from features.store import (
-    FeatureStore,
-    StoreArray,
-    StoreState,
-    _open_for_reading,
-    check_row_records,
-    consistent_read,
-    first_nonfinite_row,
-)
+from features.store import FeatureStore, StoreArray, StoreState
+from features.store_read import _open_for_reading, check_row_records, consistent_read, first_nonfinite_row
 from prep.dataset import PreparedDataset
 from vsecore.errors import UserError
 
@@ -151,7 +144,8 @@ def open_rows(spec: str, dataset: PreparedDataset | str | os.PathLike | None = N
 
 def stored_bytes(spec: str) -> int:
     """Bytes of the array ``STORE[:key]`` names, in its stored dtype, from the metadata alone."""
-    from features.store import SPEC_ARRAYS, parse_spec
+    from features.spec import SPEC_ARRAYS
+    from features.store_read import parse_spec
 
     path, key = parse_spec(spec)
     store = FeatureStore(path)

@@ -11,7 +11,10 @@ the benchmarks call them.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,7 @@ from features.executors import cached_mapper, check_scheduler, open_executor
 from features.extract import ExtractSummary, Mapper, extract, finish_fne, retry_failures, write_ternary
 from features.images import check_sizes
 from features.recipe import SPEED_KEYS, ImageMapperFactory, recorded_settings
-from features.store import WRITE_ERRNOS, FeatureStore, blocks_kept, probe_writable
+from features.store import FeatureStore
 from pipelines.schema import FeaturesSection
 from prep.dataset import DATASET_FILE, PreparedDataset
 from vsecore.device import resolve_device
@@ -234,3 +237,41 @@ def _print_summary(summary: ExtractSummary, out: Path) -> None:
         total = summary.decode_s + summary.map_s + summary.write_s
         print(f"features: time in blocks: decode {summary.decode_s:.1f} s, network {summary.map_s:.1f} s, "
               f"write {summary.write_s:.1f} s (sum over workers {total:.1f} s)", file=sys.stderr)
+
+
+#: write errors a run reports in one line with what it kept, and what to do about each
+WRITE_ERRNOS = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space (disk quota)",
+                errno.EROFS: "make it writable (or use another --out)",
+                errno.EACCES: "make it writable (or use another --out)",
+                errno.EPERM: "make it writable (or use another --out)"}
+
+
+def blocks_kept(store: FeatureStore) -> str:
+    """``"N of M blocks kept"`` (the finished blocks a re-run skips)."""
+    try:
+        return f"{int(store.blocks_done().sum())} of {store.n_blocks} blocks kept"
+    except (UserError, OSError):
+        return "finished blocks kept"
+
+
+def probe_writable(path: Path) -> None:
+    """A one-line UserError, before the model is loaded or any block computed, unless files can be
+    created in the existing store ``path`` (a new store is created in its parent, where the lock file
+    was just created: that proves the parent writable).
+
+    Creates and removes one small file in the store's folder.
+    """
+    probe = path / f".write-probe-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        try:
+            os.write(fd, b"probe")
+        finally:
+            os.close(fd)
+        probe.unlink()
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+        fix = WRITE_ERRNOS.get(exc.errno or 0, "make it writable (or use another --out)")
+        raise UserError(f"{path}: the feature store is not writable ({exc.strerror or exc}); nothing was "
+                        f"computed or changed: {fix} and run again") from None

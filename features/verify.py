@@ -34,7 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from features.store import TERNARY, FeatureStore, check_store_matches
+from features.store import TERNARY, FeatureStore
+from features.store_read import check_store_matches
 from prep.dataset import PreparedDataset
 from vsecore.errors import UserError
 from vsecore.io import exclusive_lock

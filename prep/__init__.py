@@ -4,4 +4,4 @@ The infrastructure every stage shares (errors, atomic writes, output rules, cons
 package :mod:`vsecore`, below all stages.
 """
 
-__version__ = "0.1.0"
+from vsecore.version import __version__  # noqa: E402,F401  (one release number, recorded by every stage)

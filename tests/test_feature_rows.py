@@ -12,7 +12,8 @@ import torch
 from test_data import make_prepared, make_store
 
 from features.rows import StoreRows, open_rows
-from features.store import FeatureStore, read_matrix, rows_per_file
+from features.store import FeatureStore, rows_per_file
+from features.store_read import read_matrix
 from prep.dataset import PreparedDataset
 from train.data import feature_memory_limit, load_caption_set, read_features
 from train.runs import features_fingerprint

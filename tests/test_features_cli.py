@@ -17,7 +17,8 @@ import pytest
 from test_features_store import make_prepared
 
 from features.cli import main
-from features.store import FeatureStore, read_matrix
+from features.store import FeatureStore
+from features.store_read import read_matrix
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ["--cnn", "efficientnet_lite0", "--weights", "none", "--crops", "1", "--input-size", "64",

@@ -24,7 +24,8 @@ from features.cli import main
 from features.executors import InProcessExecutor
 from features.extract import extract, finish_fne
 from features.run import rethreshold_store
-from features.store import TERNARY, TERNARY_NEW, TERNARY_OLD, FeatureStore, check_store_matches, read_matrix
+from features.store import TERNARY, TERNARY_NEW, TERNARY_OLD, FeatureStore
+from features.store_read import check_store_matches, read_matrix
 from features.verify import check_files, verify_store
 from prep.dataset import PreparedDataset
 from vsecore.errors import UserError

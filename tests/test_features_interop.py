@@ -13,7 +13,8 @@ from test_features_store import ColourFactory, make_prepared, new_store, paths_o
 from features.cli import main
 from features.executors import InProcessExecutor
 from features.extract import extract, finish_fne
-from features.store import FeatureStore, read_matrix
+from features.store import FeatureStore
+from features.store_read import read_matrix
 from prep.dataset import PreparedDataset
 
 SPLITS = ["train", "val", "train", "test", "val", "train", "test", "train", "train"]

@@ -18,7 +18,8 @@ from features.cli import main
 from features.featurize import StoreFeaturizer
 from features.recipe import SPEED_KEYS, ImageMapperFactory
 from features.spec import FeatureSpec
-from features.store import FeatureStore, parse_spec
+from features.store import FeatureStore
+from features.store_read import parse_spec
 from train.data import feature_spec
 from train.runs import store_path
 from vsecore.errors import UserError

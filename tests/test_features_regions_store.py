@@ -23,7 +23,8 @@ from test_features_store import make_prepared
 from features.cli import main
 from features.images import load_image
 from features.regions import GridRegionMapper
-from features.store import FeatureStore, read_matrix, read_regions
+from features.store import FeatureStore
+from features.store_read import read_matrix, read_regions
 from features.verify import verify_store
 from prep.dataset import PreparedDataset
 from vsecore.errors import UserError

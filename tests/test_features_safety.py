@@ -17,7 +17,8 @@ from test_features_store import make_prepared
 
 from features.cli import main
 from features.images import ImageError, load_image
-from features.store import FeatureStore, read_matrix
+from features.store import FeatureStore
+from features.store_read import read_matrix
 from vsecore.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]

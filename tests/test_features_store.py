@@ -18,7 +18,8 @@ from features.executors import InProcessExecutor
 from features.extract import block_tasks, extract, finish_fne, run_block, write_ternary
 from features.fne import fne_statistics, ternarize
 from features.images import load_image
-from features.store import FeatureStore, parse_spec, read_matrix
+from features.store import FeatureStore
+from features.store_read import parse_spec, read_matrix
 from vsecore.errors import UserError
 
 

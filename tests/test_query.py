@@ -143,7 +143,8 @@ def _collection(root: Path, kind: str, input_size: int = 96) -> tuple[Path, Path
 
 
 def test_search_another_collection_with_its_store(run_dir: Path, tmp_path: Path, capsys) -> None:
-    from features.store import FeatureStore, parse_spec
+    from features.store import FeatureStore
+    from features.store_read import parse_spec
 
     run = load_run(run_dir, device="cpu")
     kind = FeatureStore(parse_spec(run.settings.features)[0]).attrs["config"]["kind"]

@@ -194,7 +194,7 @@ def labelled_texts(dataset: TextClsDataset, split: str, codec: TextCodec) -> Lab
 
 def _config(settings: ClassifySection, dataset: TextClsDataset, codec: TextCodec,
             sets: dict[str, LabelledTexts]) -> dict[str, Any]:
-    from features.store import code_version
+    from vsecore.version import code_version
 
     root = Path(settings.data)
     return {

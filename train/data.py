@@ -323,7 +323,7 @@ def read_features(features: str, dataset: PreparedDataset | None = None
     """
     # the feature stage is imported only when features are read
     from features.rows import open_rows, stored_bytes
-    from features.store import read_matrix
+    from features.store_read import read_matrix
 
     if stored_bytes(features) > feature_memory_limit():
         return open_rows(features, dataset)
@@ -334,7 +334,8 @@ def read_features(features: str, dataset: PreparedDataset | None = None
 def read_region_counts(features: str) -> np.ndarray | None:
     """Real regions per image ``(N,)`` int64 of a ``STORE:regions`` spec: the store's ``counts`` array,
     or None when it has none (then every one of the ``k`` regions is real) or the spec is not regions."""
-    from features.store import FeatureStore, parse_spec, stored_region_counts
+    from features.store import FeatureStore
+    from features.store_read import parse_spec, stored_region_counts
 
     path, key = parse_spec(features)
     if key != "regions":

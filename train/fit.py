@@ -70,6 +70,7 @@ from vsecore import console
 from vsecore.device import resolve_device
 from vsecore.errors import UserError, resume_hint
 from vsecore.io import exclusive_lock
+from vsecore.version import code_version
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -119,7 +120,8 @@ def _format_parameters(report: dict[str, int]) -> str:
 
 def _feature_shape(features: str) -> tuple[int, ...]:
     """Shape of one row of the features a spec names, from the store's metadata (no rows read)."""
-    from features.store import FeatureStore, parse_spec
+    from features.store import FeatureStore
+    from features.store_read import parse_spec
 
     path, key = parse_spec(feature_spec(features))
     store = FeatureStore(path)
@@ -329,7 +331,7 @@ def _load_data(settings: TrainSection, spec: ModelSpec) -> tuple[CaptionSet, Cap
         "fingerprint_stats": file_stats(settings.data, [k for k in fingerprints if k != "features"]),
         "data": {split: {"images": cs.num_images, "captions": len(cs), "skipped_images": cs.skipped_images}
                  for split, cs in (("train", train_set), ("val", val_set))},
-        "code_version": _code_version(),
+        "code_version": code_version(),
     }
     return train_set, val_set, config
 
@@ -411,11 +413,3 @@ def evaluate_test(run_dir: Path, settings: TrainSection, device: torch.device,
         "languages": per_lang})
 
 
-def _code_version() -> str:
-    try:
-        from features.store import code_version
-    except ImportError:
-        import prep
-
-        return prep.__version__
-    return code_version()

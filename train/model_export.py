@@ -47,6 +47,7 @@ from train.runs import (
 from vsecore import console
 from vsecore.errors import UserError
 from vsecore.io import atomic_directory, sha256_file, write_json_atomic
+from vsecore.version import code_version
 
 MODEL_JSON = "model.json"
 WEIGHTS = "weights.safetensors"
@@ -58,20 +59,13 @@ MODEL_FORMAT_VERSION = 1
 MAX_MODEL_JSON_BYTES = 64 << 20
 
 
-def _toolkit_version() -> str:
-    try:
-        from features.store import code_version
-    except ImportError:
-        import prep
-
-        return prep.__version__
-    return code_version()
 
 
 def _store_config(features: str) -> tuple[str, dict[str, Any]]:
     """``(key, config)`` of the feature spec ``STORE[:key]``: the key the run reads and the store's
     recorded extractor configuration."""
-    from features.store import FeatureStore, parse_spec
+    from features.store import FeatureStore
+    from features.store_read import parse_spec
 
     path, key = parse_spec(features)
     store = FeatureStore(path)
@@ -88,7 +82,8 @@ def export_model(run_dir: str | os.PathLike, out: str | os.PathLike, checkpoint:
     """
     from safetensors.torch import save_file
 
-    from features.store import FeatureStore, parse_spec
+    from features.store import FeatureStore
+    from features.store_read import parse_spec
     from train.runs import is_model_folder, load_run
 
     if is_model_folder(run_dir):
@@ -113,7 +108,7 @@ def export_model(run_dir: str | os.PathLike, out: str | os.PathLike, checkpoint:
                        "min_count": int(codec.vocab.min_count), "max_len": int(codec.max_len),
                        "word_length": int(codec.word_length), "lang": codec.lang},
         "features": {"key": key, "store": store_config},
-        "toolkit_version": _toolkit_version(),
+        "toolkit_version": code_version(),
         "source": {"run": str(Path(run_dir).resolve()), "checkpoint": checkpoint, "epoch": run.epoch,
                    "code_version": run.config.get("code_version")},
     }

@@ -100,7 +100,8 @@ def store_candidates(run: LoadedRun, data: str | Path, features: str, split: str
             run's store, or is a Full-Network Embedding (standardised with its own train statistics,
             so its rows are not comparable with the run's).
     """
-    from features.store import FeatureStore, parse_spec
+    from features.store import FeatureStore
+    from features.store_read import parse_spec
     from prep.dataset import PreparedDataset
     from train.data import ImageRows, read_features
     from train.trainer import embed_images

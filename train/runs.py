@@ -406,7 +406,8 @@ class LoadedRun:
 
     def feature_store_config(self) -> dict[str, Any]:
         """The ``config`` attribute of the run's feature store: how its rows were extracted."""
-        from features.store import FeatureStore, parse_spec
+        from features.store import FeatureStore
+        from features.store_read import parse_spec
 
         return dict(FeatureStore(parse_spec(self.settings.features)[0]).attrs.get("config", {}))
 
