@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 MIB = 2**20
-#: rows per block of train.trainer.embed_images (validation and test images)
+#: rows per block of train.inference.embed_images (validation and test images)
 EMBED_ROWS = 1024
 WORDS = ("a man woman dog cat red blue small large sits stands on in near the table street field car bus "
          "with two of grass water plate").split()
@@ -150,7 +150,7 @@ def main() -> int:
         image_side = args.width * args.d * 4 * 4  # W_i: weights, gradients, Adam's two moments
         int8 = args.images * args.width
         batch = args.batch_size * args.width * 4
-        block = EMBED_ROWS * args.width * 5  # train.trainer.embed_images: int8 rows, then their float32 copy
+        block = EMBED_ROWS * args.width * 5  # embed_images: int8 rows, then their float32 copy
         print(f"torch {torch.__version__}; FNE {args.images:,} x {args.width:,} int8 = {int8 / MIB:,.0f} MiB "
               f"(float32: {4 * int8 / MIB:,.0f} MiB); vse SOE d {args.d}, word_dim {args.word_dim}: "
               f"{params:,} parameters; W_i x 16 bytes = {image_side / MIB:,.0f} MiB; one float32 batch "

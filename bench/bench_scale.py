@@ -290,9 +290,9 @@ def phase_eval(family: str, root: Path, scale: float, eval_captions: int) -> dic
     from prep.dataset import PreparedDataset
     from train.data import codec_for, load_caption_set, read_features, read_region_counts
     from train.evaluate import PROTOCOLS, protocol_folds
+    from train.inference import embed_codes, embed_images, retrieval_metrics
     from train.models.family import model_spec
     from train.models.vse import build_model
-    from train.trainer import embed_codes, embed_images, retrieval_metrics
     from vsecore.errors import UserError
 
     s = settings_of(family, root, scale)

@@ -712,7 +712,7 @@ def test_trainer_validation_warns_once_per_evaluation(capsys) -> None:
     """The trainer's validation (COCO-5cv here: five folds) prints the tie warning once, on stderr."""
     from types import SimpleNamespace
 
-    from train.trainer import retrieval_metrics
+    from train.inference import retrieval_metrics
 
     rng = np.random.default_rng(27)
     im = rng.integers(0, 4, size=(5000, 4)).astype(np.float32) / 4  # few distinct rows: ties everywhere

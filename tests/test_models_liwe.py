@@ -16,7 +16,6 @@ from train.models.liwe import (
     clmr_word_table_parameters,
     format_word_embedding_report,
     liwe_word_embedder_parameters,
-    spell_words,
     word_embedding_report,
     word_length_from_statistics,
 )
@@ -159,9 +158,11 @@ def test_word_length_from_statistics():
         word_length_from_statistics(counts, coverage=0)
 
 
-def test_spell_words():
+def test_words_are_spelled_by_the_one_text_codec():
+    from train.data import TextCodec
+
     chars = Vocabulary(["<pad>", "<unk>", "a", "b", "c"])
-    spelled = spell_words(["cab", "abcabc", "x"], chars, 4)
+    spelled = TextCodec("word_chars", chars, 10, 4, "en").encode("", ["cab", "abcabc", "x"])
     assert spelled.tolist() == [[4, 2, 3, 0], [2, 3, 4, 2], [1, 0, 0, 0]]
     assert spelled.dtype.name == "int64"
 

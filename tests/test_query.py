@@ -48,7 +48,7 @@ def test_image_queries_are_featurized_like_the_store(run_dir: Path) -> None:
     from features.featurize import StoreFeaturizer
     from features.fne import standardize
     from features.images import load_image
-    from train.trainer import embed_images
+    from train.inference import embed_images
 
     run = load_run(run_dir, device="cpu")
     emb = embed_split(run, "test")

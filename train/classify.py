@@ -30,6 +30,7 @@ from prep.dataset import CHARS_FILE, DATASET_FILE, WORDS_FILE
 from prep.textcls import TextClsDataset
 from train.checkpoint import load_checkpoint, remove_stale_temporaries
 from train.data import TextCodec, codec_for
+from train.inference import embed_codes
 from train.models.family import model_spec
 from train.models.registry import ModelSpec, count_parameters, create_text_encoder
 from train.runs import (
@@ -40,7 +41,7 @@ from train.runs import (
     write_config,
 )
 from train.textcls_metrics import classification_metrics, format_metrics
-from train.trainer import BEST, METRICS, Trainer, embed_codes, write_evaluation
+from train.trainer import BEST, METRICS, Trainer, write_evaluation
 from vsecore import console
 from vsecore.device import resolve_device
 from vsecore.errors import UserError
@@ -106,7 +107,7 @@ class TextClassifier(nn.Module):
         encoder)."""
         return self.head(self.dropout(self.encoder(tokens, lengths)))
 
-    #: the trainer's text helpers (:func:`train.trainer.embed_codes`) read a model through this name
+    #: the trainer's text helpers (:func:`train.inference.embed_codes`) read a model through this name
     encode_captions = forward
 
     def penalty(self) -> torch.Tensor | None:

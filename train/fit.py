@@ -45,6 +45,7 @@ from train.fit_options import (
     family_options,
     show_resolved_defaults,
 )
+from train.inference import retrieval_metrics
 from train.models.family import build_objective, family_names, get_family, model_spec, with_family_defaults
 from train.models.registry import ModelSpec
 from train.rundir import RunDir
@@ -65,7 +66,7 @@ from train.runs import (
     write_config,
 )
 from train.settings import TrainSection
-from train.trainer import Trainer, retrieval_metrics, write_evaluation
+from train.trainer import Trainer, write_evaluation
 from vsecore import console
 from vsecore.device import resolve_device
 from vsecore.errors import UserError, resume_hint

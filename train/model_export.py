@@ -247,7 +247,7 @@ class SharedModel(LoadedRun):
 
     def encode_images(self, paths: list[str | os.PathLike]) -> torch.Tensor:
         """Image embeddings (N, d) of image files, featurized from the recorded extractor configuration."""
-        from train.trainer import embed_images
+        from train.inference import embed_images
 
         if self._featurizer is None:
             self._featurizer = RecordedFeaturizer(self, str(self.device))

@@ -104,7 +104,7 @@ def store_candidates(run: LoadedRun, data: str | Path, features: str, split: str
     from features.store_read import parse_spec
     from prep.dataset import PreparedDataset
     from train.data import ImageRows, read_features
-    from train.trainer import embed_images
+    from train.inference import embed_images
 
     key = (str(Path(data).resolve()), features, split)
     cache = run.__dict__.setdefault("_store_candidates", {})

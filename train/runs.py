@@ -30,10 +30,10 @@ from train.data import (
     read_features,
     read_region_counts,
 )
+from train.inference import embed_caption_set, embed_codes
 from train.models.family import families_with_key, model_spec, train_settings
 from train.rundir import CONFIG, RunDir
 from train.settings import TrainSection
-from train.trainer import embed_caption_set, embed_codes
 from vsecore import console
 from vsecore.device import resolve_device
 from vsecore.errors import UserError
@@ -421,7 +421,7 @@ class LoadedRun:
         An image that cannot be read is a :class:`UserError` naming it.
         """
         from features.featurize import StoreFeaturizer
-        from train.trainer import embed_images
+        from train.inference import embed_images
 
         if self._featurizer is None:
             self._featurizer = StoreFeaturizer(self.settings.features, str(self.device))

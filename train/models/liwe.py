@@ -62,7 +62,6 @@ from pydantic import Field, model_validator
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from prep.dataset import Vocabulary
 from train.models.family import Family
 from train.models.registry import ModelSpec, TextEncoder, count_parameters, register_text_encoder
 from train.objectives import Objective, ScheduledContrastiveObjective
@@ -185,7 +184,7 @@ class LiweWordEmbedder(nn.Module):
         c = chars.shape[-1]
         if c > self.word_length:
             raise ValueError(f"words of {c} characters, but C_w = {self.word_length}: spell them with "
-                             "spell_words(..., word_length) first")
+                             "train.data.TextCodec('word_chars', ..., word_length) first")
         if c < self.word_length:
             chars = nn.functional.pad(chars, (0, self.word_length - c))
         x = self.chars(chars).flatten(-2)  # (..., C_w * d_c): the characters concatenated
@@ -393,14 +392,3 @@ def word_length_from_statistics(counts: Mapping[str, int], coverage: float = 0.9
         raise ValueError("no words to measure")
     index = min(len(lengths) - 1, max(0, math.ceil(coverage * len(lengths)) - 1))
     return int(lengths[index])
-
-
-def spell_words(tokens: Sequence[str], chars: Vocabulary, word_length: int) -> np.ndarray:
-    """Words -> ``(len(tokens), word_length)`` int64 character indices for LIWE: each word's first
-    ``word_length`` characters encoded with the train-split alphabet ``chars`` (``chars.json``; unknown
-    characters -> ``<unk>``), then ``<pad>`` = 0."""
-    out = np.zeros((len(tokens), word_length), dtype=np.int64)
-    for i, token in enumerate(tokens):
-        codes = chars.encode(token[:word_length])
-        out[i, : len(codes)] = codes
-    return out
