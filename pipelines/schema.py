@@ -43,6 +43,7 @@ from pydantic import (
 
 from train.settings import TrainSection
 from vsecore.errors import UserError
+from vsecore.io import read_text
 from vsecore.schema import Section
 
 DATASETS = ("coco", "f8k", "f30k", "multi30k", "yjcaptions", "synthetic", "karpathy", "textcls")
@@ -422,14 +423,9 @@ def load_pipelines(file: str | os.PathLike | None = None, expand: str | None = N
     pipeline named by ``expand`` (the one about to run): elsewhere ``${VAR}`` is left as written.
     """
     path = Path(file) if file is not None else default_pipelines_file()
+    text = read_text(path, "a pipelines YAML file", missing=f"{path}: no such pipelines file")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such pipelines file") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a folder, expected a pipelines YAML file") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        raw = yaml.safe_load(text)
     except RecursionError:
         raise UserError(f"{path}: YAML nested too deeply to read; not a pipelines file") from None
     except yaml.YAMLError as exc:

@@ -37,7 +37,7 @@ from train.settings import TrainSection
 from vsecore import console
 from vsecore.device import resolve_device
 from vsecore.errors import UserError
-from vsecore.io import sha256_file, write_json_atomic
+from vsecore.io import read_text, sha256_file, write_json_atomic
 
 #: settings that may change when a run resumes: where it runs and how long it may go on
 RESUMABLE_CHANGES = ("out", "device", "workers", "epochs", "checkpoint_every")
@@ -183,18 +183,11 @@ def absolute_settings(settings: TrainSection) -> TrainSection:
 def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     """The ``config.json`` of a run directory (a :class:`UserError` if it is not one)."""
     path = RunDir(run_dir).config
+    text = read_text(path, f"a run's configuration ({CONFIG})", missing=f"no run at {run_dir} (no {CONFIG})")
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"no run at {run_dir} (no {CONFIG})") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a folder, not a run's configuration") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not a run's configuration (not UTF-8 text)") from None
+        config = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:
         raise UserError(f"{path}: invalid JSON: {getattr(exc, 'msg', 'nested too deeply')}") from None
-    except OSError as exc:
-        raise UserError(f"{path}: not a readable {CONFIG} ({type(exc).__name__})") from None
     return validate_config(config, path)
 
 

@@ -199,6 +199,26 @@ def remove_stale_siblings(final: str | os.PathLike) -> list[Path]:
     return removed
 
 
+def read_text(path: str | os.PathLike, expected: str = "a text file", missing: str | None = None) -> str:
+    """The UTF-8 text of the file ``path``, or a one-line :class:`UserError`: ``missing`` (default ``PATH: no
+    such file``) when it does not exist, ``PATH: is a folder, expected EXPECTED``, ``PATH: not UTF-8 text
+    (REASON at byte N)``, or ``PATH: not readable (ERROR)``. The one reader of every command's text inputs
+    (pipelines files, annotation JSON, a run's configuration), so they fail alike."""
+    from vsecore.errors import UserError
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        raise UserError(missing or f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a folder, expected {expected}") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise UserError(f"{path}: not readable ({exc.strerror or type(exc).__name__})") from None
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     """Hex SHA-256 of a file's bytes."""
     h = hashlib.sha256()

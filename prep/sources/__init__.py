@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from vsecore.errors import UserError
+from vsecore.io import read_text
 
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 #: the JSON escape of a surrogate code point (``\ud83d`` ...); a file without one decodes to none
@@ -75,16 +76,9 @@ class RawDataset:
 def read_json(path: str | os.PathLike) -> Any:
     """Parse a JSON file; a :class:`UserError` naming the file and the line if it is not JSON."""
     path = Path(path)
+    text = read_text(path, "a JSON file")
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
         data = json.loads(text)
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a folder, expected a JSON file") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: line {exc.lineno}, column {exc.colno}: malformed JSON: {exc.msg}") from None
     except RecursionError:
@@ -114,19 +108,6 @@ def _check_no_lone_surrogate(data: Any, path: Path) -> None:
             at = _SURROGATE.search(item).start()
             raise UserError(f"{path}: {where}: holds a lone surrogate (U+{ord(item[at]):04X}) at character "
                             f"{at}, which is not Unicode text; fix the file")
-
-
-def read_text(path: str | os.PathLike) -> str:
-    """A UTF-8 text file's content; a one-line :class:`UserError` if it is absent, a folder or not UTF-8."""
-    path = Path(path)
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a folder, expected a text file") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def check_id(value: Any, file: str | os.PathLike, where: str, key: str) -> Any:
