@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("VSE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+# A suite started in the background without job control (`make test &`, some CI runners) inherits SIGINT
+# ignored, and so would every command it starts: the Ctrl-C tests need the disposition of a terminal,
+# so give this process Python's own handler (the commands it starts then install theirs as usual).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
