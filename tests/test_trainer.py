@@ -20,7 +20,7 @@ import pytest
 import torch
 from test_data import make_prepared, make_store
 
-from train import fit
+from train import fit, fit_cli
 from train.checkpoint import load_checkpoint
 from train.runs import embed_split, encode_texts, load_run
 from vsecore.errors import UserError, run_cli
@@ -32,10 +32,10 @@ TINY = ["--p", "0.125", "--d", "32", "--batch-size", "4", "--seed", "3", "--devi
 RUNNER = """
 import argparse, sys
 from vsecore.errors import run_cli
-from train import fit
+from train import fit, fit_cli
 def main(argv):
     parser = argparse.ArgumentParser(prog="train")
-    fit.register(parser.add_subparsers(dest="command", required=True))
+    fit_cli.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.func(args)
 sys.exit(run_cli(main, sys.argv[1:], "train"))
@@ -58,7 +58,7 @@ def train_cli(argv: list[str]) -> int:
     """``train <family> ...`` in process, through the same error wrapper as the console command."""
     def main(a: list[str]) -> int:
         parser = argparse.ArgumentParser(prog="train")
-        fit.register(parser.add_subparsers(dest="command", required=True))
+        fit_cli.register(parser.add_subparsers(dest="command", required=True))
         args = parser.parse_args(a)
         return args.func(args)
 

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from vsecore.errors import add_common_options, run_cli
 
 #: modules that register subcommands, in --help order
-COMMAND_MODULES = ("train.fit", "train.classify_cli", "train.evaluate.cli", "train.query", "train.summary",
-                   "train.compare", "train.export", "train.model_export", "train.checkpoint_cli",
-                   "pipelines.runner")
+COMMAND_MODULES = ("train.fit_cli", "train.classify_cli", "train.evaluate.cli", "train.query",
+                   "train.summary", "train.compare", "train.export", "train.model_export",
+                   "train.checkpoint_cli", "pipelines.runner")
 
 
 def build_parser() -> argparse.ArgumentParser:

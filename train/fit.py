@@ -1,4 +1,5 @@
-"""``train <family>``: the training subcommands, one per model family, and :func:`run_training`.
+"""Training one run of any family: :func:`run_training` (``train <family>``'s library; the command itself is
+:mod:`train.fit_cli`, and the pipeline runner, ``train compare`` and the tests call this directly).
 
 Every family shares the trainer (:mod:`train.trainer`), the data pipeline (:mod:`train.data`)
 and the run directory (:mod:`train.runs`); a family (its :class:`train.models.family.Family`) only adds
@@ -9,8 +10,6 @@ recorded in its ``config.json``. Every registered family gets a subcommand.
 
 from __future__ import annotations
 
-import argparse
-import functools
 import math
 import time
 from collections.abc import Callable
@@ -20,7 +19,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipelines.schema import stage_settings
 from prep.dataset import PreparedDataset
 from train.checkpoint import (
     remove_stale_temporaries,
@@ -41,27 +39,20 @@ from train.fit_options import (
     DRY_RUN_IMAGE_DIM,
     DRY_RUN_REGIONS,
     DRY_RUN_VOCABULARY,
-    common_options,
-    family_options,
-    show_resolved_defaults,
 )
 from train.inference import retrieval_metrics
-from train.models.family import build_objective, family_names, get_family, model_spec, with_family_defaults
+from train.models.family import build_objective, family_names, model_spec, with_family_defaults
 from train.models.registry import ModelSpec
 from train.rundir import RunDir
 from train.runs import (
     absolute_settings,
     check_same_config,
     dataset_fingerprint,
-    default_run_dir,
     embed_split,
     features_fingerprint,
     file_stats,
-    is_model_folder,
     load_run,
     prepare_run_dir,
-    read_config,
-    settings_from_config,
     store_path,
     write_config,
 )
@@ -74,46 +65,6 @@ from vsecore.io import exclusive_lock
 from vsecore.version import code_version
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add one ``train <family>`` subcommand per family that trains today; ``--help`` shows each option's
-    default as the family resolves it (:func:`train.fit_options.resolved_defaults`)."""
-    for family in family_names():
-        summary = get_family(family).summary
-        p = subparsers.add_parser(
-            family, help=summary, description=f"{summary}. Adam, learning rate /10 on a validation-rsum "
-            "plateau or on a fixed step (--lr-schedule), early stopping; writes a run directory "
-            "(config.json, checkpoints/best.pt and last.pt, metrics.jsonl, eval/test.json) that --resume "
-            "continues exactly.")
-        family_options(p.add_argument_group(f"{family} text encoder"), family)
-        common_options(p)
-        show_resolved_defaults(p, family)
-        p.set_defaults(func=functools.partial(_command, family))
-
-
-def _command(family: str, args: argparse.Namespace) -> int:
-    if args.out is None and not args.pipeline:
-        if args.resume:
-            raise UserError("--resume needs --out RUN_DIR (the run to continue)")
-        args.out = default_run_dir(family)
-    if args.resume and args.out and is_model_folder(args.out):
-        raise UserError(f"{args.out}: a model folder made for sharing (export-model) has no optimiser or "
-                        "random states: it can be evaluated and queried, not resumed")
-    if args.resume and not args.pipeline:
-        if not RunDir(args.out).is_run():
-            raise UserError(f"no run at {args.out} to resume; drop --resume to start one")
-        # options not given again are those the run was started with
-        stored = settings_from_config(read_config(args.out)["settings"])
-        if stored.family != family:
-            raise UserError(f"{args.out}: cannot resume: it is a '{stored.family}' run, not '{family}'")
-        for key in stored.model_fields_set:
-            if getattr(args, key, None) is None and hasattr(args, key) and key not in ("out", "family"):
-                setattr(args, key, getattr(stored, key))
-    settings = stage_settings("train", args, family=family)
-    run_training(settings, resume=args.resume, overwrite=args.overwrite, dry_run=args.dry_run,
-                 alphabet_size=args.alphabet_size, image_dim=args.image_dim, vocab_size=args.vocab_size)
-    return 0
-
-
 def _format_parameters(report: dict[str, int]) -> str:
     parts = [f"{k.replace('_', ' ')} {v:,}" for k, v in report.items() if k != "total"]
     return f"parameters: {', '.join(parts)}; total {report['total']:,}"
@@ -121,17 +72,15 @@ def _format_parameters(report: dict[str, int]) -> str:
 
 def _feature_shape(features: str) -> tuple[int, ...]:
     """Shape of one row of the features a spec names, from the store's metadata (no rows read)."""
+    from features.spec import SPEC_ARRAYS, FeatureSpec
     from features.store import FeatureStore
-    from features.store_read import parse_spec
 
-    path, key = parse_spec(feature_spec(features))
-    store = FeatureStore(path)
-    if key is None:
-        key = "global" if store.has("global") else "fne"
-    name = {"global": "global", "fne": "fne/ternary", "fne_raw": "fne/raw", "regions": "regions"}[key]
-    if not store.has(name):
-        raise UserError(f"{path}: no '{key}' features in this store")
-    return tuple(int(v) for v in store.array(name).shape[1:])
+    spec = FeatureSpec.parse(feature_spec(features))
+    store = FeatureStore(spec.store)
+    key = spec.key_in(store.has)  # the one default-key rule
+    if not store.has(SPEC_ARRAYS[key]):
+        raise UserError(f"{spec.store}: no '{key}' features in this store")
+    return tuple(int(v) for v in store.array(SPEC_ARRAYS[key]).shape[1:])
 
 
 def _seed_everything(seed: int) -> None:
