@@ -380,7 +380,6 @@ def read_butd_tsv(paths: str | os.PathLike | Sequence[str | os.PathLike], datase
     return ButdTsv(paths).source(dataset, splits)
 
 
-
 def _encode(array: np.ndarray) -> str:
     """base64 of the array's float32 bytes (C order), as ``generate_tsv.py`` writes a field."""
     return base64.b64encode(np.ascontiguousarray(array, dtype=np.float32).tobytes()).decode("ascii")

@@ -472,4 +472,3 @@ def build_region_mapper(config: dict[str, Any]) -> GridRegionMapper | DetectorRe
             f"--detector detectron2: detectron2 {state}; use --detector fasterrcnn or grid, or run a "
             "detectron2 bottom-up-attention extractor and import its TSV with --format butd-tsv")
     raise UserError(f"unknown detector {detector!r}: use one of {', '.join(DETECTORS)}")
-

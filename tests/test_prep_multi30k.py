@@ -40,5 +40,3 @@ def test_multi30k_pairs_are_task1_translations(multi30k: PreparedDataset, multi3
     test = multi30k.images_of("test")
     assert [s.lang for s in multi30k.sentences_of("test", "en")][:5] == ["en"] * 5
     assert len(multi30k.sentences_of("test", "de")) == 5 * len(test)
-
-

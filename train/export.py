@@ -93,4 +93,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", default="best", choices=("best", "last"), help="checkpoint (default best)")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.set_defaults(func=_command)
-

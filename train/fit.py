@@ -167,6 +167,8 @@ def _resolve_word_length(settings: TrainSection) -> TrainSection:
     resolved = settings.model_copy(update={"word_length": word_length_from_statistics(counts)})
     resolved.model_fields_set.add("word_length")
     return resolved
+
+
 def _dataset_name(data: str | None) -> str | None:
     """The ``dataset`` field of a prepared dataset (``coco``, ``f8k``, ...), or None (no or bad data:
     the error comes when the data is read)."""
@@ -322,6 +324,8 @@ def _load_pairs(settings: TrainSection, train_set: CaptionSet) -> list[PairSet]:
     dataset = PreparedDataset.load(settings.data)
     return [load_pair_set(dataset, "train", settings.lang, other, train_set.codec)
             for other in settings.cross_langs]
+
+
 def _words_fingerprint(data: str, spec: ModelSpec) -> dict[str, str]:
     """``{"words_json": sha256}`` for word models (their vocabulary is ``words.json``), else ``{}``."""
     if spec.text_input != "words":
@@ -361,5 +365,3 @@ def evaluate_test(run_dir: Path, settings: TrainSection, device: torch.device,
         "split": "test", "checkpoint": "best", "epoch": run.epoch, "measure": settings.measure,
         "order_sqrt": settings.order_sqrt, "lang": settings.lang, **per_lang[settings.lang],
         "languages": per_lang})
-
-

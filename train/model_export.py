@@ -59,8 +59,6 @@ MODEL_FORMAT_VERSION = 1
 MAX_MODEL_JSON_BYTES = 64 << 20
 
 
-
-
 def _store_config(features: str) -> tuple[str, dict[str, Any]]:
     """``(key, config)`` of the feature spec ``STORE[:key]``: the key the run reads and the store's
     recorded extractor configuration."""

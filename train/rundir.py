@@ -300,4 +300,3 @@ class RunDir:
             return check_output_file(path, inputs=inputs, overwrite=overwrite or own, owner=self.path,
                                      option=option)
         return check_output_file(path, inputs=inputs, overwrite=overwrite, option=option)
-

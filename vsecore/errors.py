@@ -22,7 +22,6 @@ class UserError(Exception):
     exit_code = 2
 
 
-
 #: options every command takes anywhere on its command line (see :func:`add_common_options`)
 COMMON_FLAGS = {"--traceback": "traceback", "--quiet": "quiet", "-q": "quiet", "--verbose": "verbose",
                 "-v": "verbose"}
@@ -71,6 +70,7 @@ _DISK_ERRORS = {
     errno.EPERM: "operation not permitted: fix the permissions or write elsewhere",
     errno.EIO: "input/output error: check the disk (or the network file system) and run again",
 }
+
 
 @contextlib.contextmanager
 def resume_hint(describe: Callable[[], str | None]) -> Iterator[None]:

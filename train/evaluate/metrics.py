@@ -80,7 +80,6 @@ class Ranks:
     t2i_topk_scores: np.ndarray | None = None
 
 
-
 def direction_metrics(ranks: np.ndarray | torch.Tensor, ties: int = 0) -> DirectionMetrics:
     """Metrics of one direction from 1-based ranks (Q,); ``ties``: the number of tied queries."""
     r = np.asarray(torch.as_tensor(ranks).cpu().numpy() if isinstance(ranks, torch.Tensor) else ranks)
@@ -133,4 +132,3 @@ def chance_metrics(caption_image: np.ndarray | torch.Tensor, n_images: int) -> R
         i2t=DirectionMetrics(*i2t, medr=math.nan, meanr=float(np.mean((m + 1) / (per_image + 1)))),
         t2i=DirectionMetrics(*t2i, medr=math.nan, meanr=(n_images + 1) / 2.0),
     )
-

@@ -174,7 +174,6 @@ def _report(results: dict[str, ProtocolResult], notes: list[str], log: Log) -> N
         log(line)
 
 
-
 def _rank_fold(inputs: EvaluationInputs, scorer: TileScorer | None, topk: int, on_tile: TileHook | None,
                start: int, stop: int, index: torch.Tensor) -> Ranks:
     """Ranks of the fold of images ``start:stop`` and their captions ``index`` (k,), from either source."""
@@ -303,6 +302,7 @@ def ground_truth_ranks(images: np.ndarray | torch.Tensor, captions: np.ndarray |
     for line in list(inputs.notes) + _problems({"": [ranks]}):
         log(line)
     return ranks
+
 
 def evaluate_protocol(images: np.ndarray | torch.Tensor, captions: np.ndarray | torch.Tensor,
                       caption_image: np.ndarray | torch.Tensor, measure: str, protocol: str = "all",

@@ -108,7 +108,6 @@ class TileStats:
         self.max_tile_captions = max(self.max_tile_captions, n_captions)
 
 
-
 @dataclass(frozen=True)
 class BlockSizes:
     """Tile shape of the blocked computation (upper bounds: blocks are split evenly)."""
@@ -371,7 +370,6 @@ def rank_tiles(tiles: TileSource, caption_image: torch.Tensor, n_images: int, bl
             for c0, c1 in own_chunks:
                 count(tile_of(i0, i1, c0, c1), i0, i1, c0, c1, home=home_r == r)
     return counts.ranks()
-
 
 
 def block_sizes(measure: str | None, dim: int, device: torch.device, block_images: int | None = None,
