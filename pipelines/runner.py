@@ -67,16 +67,14 @@ def _run_prep(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
     run_prep(pipe.prep, overwrite=True)  # the pipeline's own prepared dataset: cheap to redo
 
 
-def _run_features(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
-    from features.run import run_features
+def _feature_stage(section: str) -> Callable[[Pipeline, bool, bool], None]:
+    """The runner of a feature stage: ``features``, or ``regions`` (a second store, of region features)."""
+    def run(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
+        from features.run import run_features
 
-    run_features(pipe.features, overwrite=overwrite and not resume)
+        run_features(getattr(pipe, section), overwrite=overwrite and not resume)
 
-
-def _run_regions(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
-    from features.run import run_features
-
-    run_features(pipe.regions, overwrite=overwrite and not resume)
+    return run
 
 
 def _run_compare(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
@@ -134,10 +132,10 @@ def _evaluate_classification(pipe: Pipeline) -> None:
 #: each stage's runner: ``(pipeline, resume, overwrite)``
 RUNNERS: dict[str, Callable[[Pipeline, bool, bool], None]] = {
     "prep": _run_prep,
-    "features": _run_features,
+    "features": _feature_stage("features"),
     "train": _run_train,
     "classify": _run_classify,
-    "regions": _run_regions,
+    "regions": _feature_stage("regions"),
     "compare": _run_compare,
     "evaluate": _run_evaluate,
 }

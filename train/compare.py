@@ -33,6 +33,7 @@ number of an entry is the mean +- the sample standard deviation over its K runs.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -43,8 +44,8 @@ from typing import Any
 
 from vsecore import console
 from vsecore.errors import UserError
-from vsecore.io import write_json_atomic
-from vsecore.outputs import check_not_input, check_output_folder
+from vsecore.io import atomic_file, write_json_atomic
+from vsecore.outputs import check_output_folder
 
 #: the files a comparison writes into its folder (its runs go under ``runs/``)
 COMPARE_JSON = "compare.json"
@@ -108,22 +109,13 @@ def parse_entries(spec: str | None, pipelines_file: str | Path | None = None) ->
     return entries
 
 
-def needs_regions(values: dict[str, Any], data: str | None) -> bool:
+def needs_regions(values: dict[str, Any], dataset_name: str | None) -> bool:
     """Whether the family of ``values`` (train settings) reads region features (its image side is not
-    ``linear``), with the family's defaults for ``data``'s dataset applied."""
+    ``linear``), with the family's defaults for the dataset ``dataset_name`` (``coco``, ...) applied."""
     from train.models.family import model_spec, train_settings, with_family_defaults
 
     probe = train_settings(**{"out": "-", **values})
-    return model_spec(with_family_defaults(probe, _dataset_name(data))).image_encoder != "linear"
-
-
-def _dataset_name(data: str | None) -> str | None:
-    from prep.dataset import PreparedDataset
-
-    try:
-        return PreparedDataset.load(data).name if data else None
-    except (UserError, OSError, ValueError):
-        return None
+    return model_spec(with_family_defaults(probe, dataset_name)).image_encoder != "linear"
 
 
 @dataclass(frozen=True)
@@ -140,6 +132,13 @@ class Plan:
     device: str = "auto"
     noise: str = DEFAULT_NOISE
 
+    @functools.cached_property
+    def dataset_name(self) -> str | None:
+        """The prepared dataset's ``dataset`` field, read once (its ``dataset.json`` can be large)."""
+        from train.fit import dataset_name
+
+        return dataset_name(self.data)
+
     def run_dir(self, entry: Entry, seed: int) -> Path:
         """``OUT/runs/ENTRY-seedS``."""
         return Path(self.out) / RUNS / f"{entry.name}-seed{seed}"
@@ -152,7 +151,7 @@ class Plan:
                   "device": self.device}
         if self.epochs is not None:
             values["epochs"] = self.epochs
-        values["features"] = self.regions if needs_regions(values, self.data) else self.features
+        values["features"] = self.regions if needs_regions(values, self.dataset_name) else self.features
         return train_settings(**values)
 
     def describe(self) -> dict[str, Any]:
@@ -166,14 +165,13 @@ def check_plan(plan: Plan) -> None:
     """One-line errors before anything is trained: a missing store for a family, an output folder that
     is an input or lies inside an artifact, a folder holding another kind of file named compare.json."""
     for entry in plan.entries:
-        regions = needs_regions({**entry.values, "data": plan.data}, plan.data)
+        regions = needs_regions({**entry.values, "data": plan.data}, plan.dataset_name)
         if regions and not plan.regions:
             raise UserError(f"{entry.name}: this family reads region features: give --regions STORE:regions")
         if not regions and not plan.features:
             raise UserError(f"{entry.name}: this family reads global features: give --features STORE:global")
     inputs = [plan.data, *(s.rsplit(":", 1)[0] for s in (plan.features, plan.regions) if s)]
-    check_not_input(plan.out, inputs)
-    check_output_folder(plan.out, [], inputs=inputs)
+    check_output_folder(plan.out, [], inputs=inputs)  # not an input, nor inside another artifact
     own = Path(plan.out) / COMPARE_JSON
     if own.is_file():
         try:
@@ -203,12 +201,20 @@ def train_run(plan: Plan, entry: Entry, seed: int, log: Callable[[str], None] = 
 
 
 def test_protocols(run_dir: Path) -> list[str]:
-    """``all`` on a small test split; ``5cv`` and ``5k`` on a split of :data:`FIVE_K` images or more."""
-    from prep.dataset import PreparedDataset
-    from train.runs import read_config
+    """``all`` on a small test split; ``5cv`` and ``5k`` on a split of :data:`FIVE_K` images or more. The
+    size is the one ``eval/test.json`` records (the dataset is read only for a run without it)."""
+    from train.rundir import RunDir
+    from train.summary import read_json_object
 
-    data = read_config(run_dir).get("settings", {}).get("data")
-    n = len(PreparedDataset.load(data).images_of("test")) if data else 0
+    test = RunDir(run_dir).test_eval
+    if test.is_file() and isinstance(read_json_object(test).get("images"), int):
+        n = read_json_object(test)["images"]
+    else:
+        from prep.dataset import PreparedDataset
+        from train.runs import read_config
+
+        data = read_config(run_dir).get("settings", {}).get("data")
+        n = len(PreparedDataset.load(data).images_of("test")) if data else 0
     return ["5cv", "5k"] if n >= FIVE_K else ["all"]
 
 
@@ -219,10 +225,11 @@ def evaluate_for_comparison(run_dir: Path, noise: str | None, device: str = "aut
     from train.evaluate.cli import evaluate_run
     from train.rundir import RunDir
 
-    missing = [p for p in test_protocols(run_dir) if p not in tested_protocols(run_dir)]
+    wanted = test_protocols(run_dir)
+    missing = [p for p in wanted if p not in tested_protocols(run_dir)]
     noise_missing = noise is not None and not (RunDir(run_dir).eval_dir / "noise_test.json").is_file()
     if missing or noise_missing:
-        evaluate_run(run_dir, "test", missing or test_protocols(run_dir)[:1],
+        evaluate_run(run_dir, "test", missing or wanted[:1],
                      noise=noise if noise_missing else None, device=device, log=log, overwrite=True)
 
 
@@ -230,14 +237,14 @@ def tested_protocols(run_dir: Path) -> dict[str, Any]:
     """The best checkpoint's test results by protocol: ``eval/test.json`` (written after training) and
     ``eval/test_best.json`` (``train evaluate``), the first winning where both have a protocol."""
     from train.rundir import RunDir
-    from train.summary import _read_json
+    from train.summary import read_json_object
 
     run = RunDir(run_dir)
     found: dict[str, Any] = {}
     if (run.eval_dir / "test_best.json").is_file():
-        found.update(_read_json(run.eval_dir / "test_best.json"))
+        found.update(read_json_object(run.eval_dir / "test_best.json"))
     if run.test_eval.is_file():
-        found.update(_read_json(run.test_eval).get("protocols") or {})
+        found.update(read_json_object(run.test_eval).get("protocols") or {})
     return found
 
 
@@ -245,11 +252,11 @@ def run_row(run_dir: Path) -> dict[str, Any]:
     """One run's numbers (see the module docstring) from its files: config, metrics, eval/test_best.json
     and eval/noise_test.json."""
     from train.rundir import RunDir
-    from train.summary import _read_history, _read_json, run_summary
+    from train.summary import read_history, read_json_object, run_summary
 
     summary = run_summary(run_dir)
     run = RunDir(run_dir)
-    history = _read_history(run.metrics) if run.metrics.is_file() else []
+    history = read_history(run.metrics) if run.metrics.is_file() else []
     train_s = sum(float(r.get("train_time_s", 0.0)) for r in history)
     captions = sum(int(r.get("captions", 0)) for r in history)
     protocols = tested_protocols(run_dir)
@@ -268,7 +275,7 @@ def run_row(run_dir: Path) -> dict[str, Any]:
         for k in ("r1", "r5", "r10"):
             row[f"{d}_{k}"] = float(main[d][k])
     noise_file = run.eval_dir / "noise_test.json"
-    row["noise"] = _read_json(noise_file) if noise_file.is_file() else None
+    row["noise"] = read_json_object(noise_file) if noise_file.is_file() else None
     return row
 
 
@@ -357,8 +364,6 @@ def write_outputs(plan_record: dict[str, Any], rows: list[dict[str, Any]], summa
     console.result(table)
     write_json_atomic(out / COMPARE_JSON, {"kind": KIND, "plan": plan_record, "wall_s": wall_s,
                                            "summary": summary, "runs": rows})
-    from vsecore.io import atomic_file
-
     with atomic_file(out / COMPARE_MD, "w") as fh:
         fh.write(table + "\n")
     points = [{"name": r["name"], "family": r["family"], "parameters": r["parameters"], "rsum": r["rsum"]}
@@ -397,17 +402,14 @@ def run_compare(plan: Plan, log: Callable[[str], None] = console.info) -> list[d
 def collect_runs(runs: Sequence[str], out: str | None, noise: str | None, device: str = "auto",
                  log: Callable[[str], None] = console.info) -> list[dict[str, Any]]:
     """``--runs``: the comparison of finished run directories (one entry per run, named by its folder)."""
-    from train.runs import read_config
-
     rows, summary = [], []
     for run in runs:
         run_dir = Path(run)
         if noise is not None:
             evaluate_for_comparison(run_dir, noise, device, log)
         row = run_row(run_dir)
-        family = read_config(run_dir).get("family", row["family"])
         rows.append(row)
-        summary.append(summarise(Entry(run_dir.name, family, run_dir.name), [row]))
+        summary.append(summarise(Entry(run_dir.name, row["family"], run_dir.name), [row]))
     if out is not None:
         check_output_folder(out, [], inputs=runs)
         Path(out).mkdir(parents=True, exist_ok=True)

@@ -107,7 +107,7 @@ def run_training(settings: TrainSection, resume: bool = False, overwrite: bool =
     _check_numbers(settings, {"--alphabet-size": alphabet_size, "--image-dim": image_dim,
                               "--vocab-size": vocab_size})
     settings = _resolve_word_length(absolute_settings(with_family_defaults(settings,
-                                                                           _dataset_name(settings.data))))
+                                                                           dataset_name(settings.data))))
     run_dir = Path(settings.out)
     if dry_run:
         _dry_run(settings, alphabet_size, image_dim, vocab_size)
@@ -169,7 +169,7 @@ def _resolve_word_length(settings: TrainSection) -> TrainSection:
     return resolved
 
 
-def _dataset_name(data: str | None) -> str | None:
+def dataset_name(data: str | None) -> str | None:
     """The ``dataset`` field of a prepared dataset (``coco``, ``f8k``, ...), or None (no or bad data:
     the error comes when the data is read)."""
     if not data:

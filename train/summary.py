@@ -39,7 +39,7 @@ def run_summary(run_dir: str | Path, protocol: str | None = None) -> dict[str, A
     check_checkpoints(run_dir)
     settings = config.get("settings", {})
     metrics_file = RunDir(run_dir).metrics
-    history = _read_history(metrics_file) if metrics_file.is_file() else []
+    history = read_history(metrics_file) if metrics_file.is_file() else []
     row: dict[str, Any] = {
         "name": run_dir.name, "run": str(run_dir), "family": config.get("family", settings.get("family")),
         "settings": {k: settings[k] for k in DESCRIBING_KEYS if k in settings},
@@ -51,7 +51,7 @@ def run_summary(run_dir: str | Path, protocol: str | None = None) -> dict[str, A
     }
     test_file = RunDir(run_dir).test_eval
     if test_file.is_file():
-        protocols = _read_json(test_file).get("protocols")
+        protocols = read_json_object(test_file).get("protocols")
         if not isinstance(protocols, dict) or not protocols:
             raise UserError(f"{test_file}: not a test evaluation (no protocols)")
         name = protocol or next(iter(protocols))
@@ -77,7 +77,7 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path) -> dict[str, Any]:
     """A JSON object from a run's file (one-line :class:`UserError` for anything else)."""
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
@@ -88,7 +88,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return value
 
 
-def _read_history(path: Path) -> list[dict[str, Any]]:
+def read_history(path: Path) -> list[dict[str, Any]]:
     """``metrics.jsonl``: one object per epoch with an integer ``epoch`` and a numeric ``rsum``."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
