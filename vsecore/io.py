@@ -142,9 +142,13 @@ def deferred_interrupts() -> Iterator[DeferredInterrupts]:
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any, indent: int | None = 1) -> None:
-    """Write ``obj`` as JSON to ``path`` through a temporary file and an atomic rename."""
+    """Write ``obj`` as JSON to ``path`` through a temporary file and an atomic rename.
+
+    The text is made in one piece (``json.dumps``): without ``indent`` that is the C encoder, several
+    times faster than ``json.dump``'s streaming one on a large dataset, and the same bytes."""
+    text = json.dumps(obj, ensure_ascii=False, indent=indent)
     with atomic_file(path, "w") as fh:
-        json.dump(obj, fh, ensure_ascii=False, indent=indent)
+        fh.write(text)
         fh.write("\n")
 
 
