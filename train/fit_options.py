@@ -15,7 +15,6 @@ from pydantic.fields import FieldInfo
 from pipelines.schema import add_pipeline_arguments
 from train.models.family import get_family, train_settings, with_family_defaults
 from train.settings import TrainSection
-from vsecore.device import DEVICE_HELP
 
 #: defaults of --alphabet-size / --image-dim for a --dry-run without data (COCO's lowercased
 #: alphabet is about 70 symbols; VGG fc7 features have 4096 dimensions)
@@ -79,85 +78,66 @@ def family_options(group: argparse._ActionsContainer, family: str) -> None:
         field_option(group, name, TrainSection.model_fields[name])
 
 
+#: the common settings' option groups of ``train <family>``, in ``--help`` order: every field of
+#: ``TrainSection`` (but ``family``) is in one group, or offered by the families that use it in their own
+#: group (:attr:`train.models.family.Family.common_options`). The options that are not settings follow in
+#: the run group (:func:`_run_options`).
+COMMON_GROUPS: dict[str, tuple[str, ...]] = {
+    "data": ("data", "features", "lang", "max_chars", "captions_per_epoch"),
+    "model and loss": ("d", "measure", "order_sqrt", "loss", "margin"),
+    "optimisation": ("batch_size", "lr", "lr_decay_patience", "lr_schedule", "lr_step", "early_stop",
+                     "epochs", "grad_clip", "seed"),
+    "validation": ("val_protocol", "val_images"),
+    "run": ("out", "checkpoint_every", "device", "amp", "workers"),
+}
+#: common fields no group lists: only the families that use them offer them
+FAMILY_OFFERED = ("max_words", "min_word_count")
+
+
+def _check_groups() -> None:
+    placed = [name for names in COMMON_GROUPS.values() for name in names]
+    fields = set(TrainSection.model_fields) - {"family"}
+    missing, unknown = fields - set(placed) - set(FAMILY_OFFERED), set(placed) - fields
+    if missing or unknown or len(placed) != len(set(placed)):
+        raise RuntimeError(f"COMMON_GROUPS is out of date: without an option {sorted(missing)}, not a common "
+                           f"setting {sorted(unknown)}")
+
+
+_check_groups()
+
+
 def common_options(p: argparse.ArgumentParser) -> None:
-    data = p.add_argument_group("data")
-    data.add_argument("--data", metavar="PREPARED", default=None,
-                      help="prepared dataset folder written by `prep` (required unless --pipeline gives it)")
-    data.add_argument("--features", metavar="STORE[:global|:fne|:regions]", default=None,
-                      help="feature store written by `features`, with the key of the features to use: "
-                           "global or fne for chain/oecc/seam/vse (default: global if present, else fne), "
-                           "regions for clmr/liwe")
-    data.add_argument("--lang", default=None, help="language of the captions to train on (default en)")
-    data.add_argument("--max-chars", dest="max_chars", type=int, default=None,
-                      help="captions are cut to this many characters (default 256)")
-    data.add_argument("--captions-per-epoch", dest="captions_per_epoch", choices=("all", "one"), default=None,
-                      help="'all': every caption once per epoch (CHAIN-VSE, OECC, SEAM); 'one': one random "
-                           "caption per image per epoch (FNE paper) (default all; vse one)")
-    model = p.add_argument_group("model and loss")
-    model.add_argument("--d", type=int, default=None, help="dimension of the joint embedding (default 1024)")
-    model.add_argument("--measure", choices=("order", "cosine"), default=None,
-                       help="similarity: order violation or cosine (default order)")
-    model.add_argument("--order-sqrt", dest="order_sqrt", action=argparse.BooleanOptionalAction, default=None,
-                       help="take the square root of the order violation, as the released code does "
-                            "(default: the papers' squared form)")
-    model.add_argument("--loss", choices=("sum", "max"), default=None,
-                       help="sum of hinges over the contrastive examples, or the hardest only (default sum)")
-    model.add_argument("--margin", type=float, default=None, help="contrastive margin alpha (default 0.05)")
-    opt = p.add_argument_group("optimisation")
-    opt.add_argument("--batch-size", dest="batch_size", type=int, default=None,
-                     help="image-caption pairs per batch; the others are the contrastive examples "
-                          "(default 128)")
-    opt.add_argument("--lr", type=float, default=None, help="Adam learning rate (default 1e-3)")
-    opt.add_argument("--lr-decay-patience", dest="lr_decay_patience", type=int, default=None,
-                     help="divide the learning rate by 10 after this many epochs without a better "
-                          "validation rsum (default 3)")
-    opt.add_argument("--lr-schedule", dest="lr_schedule", choices=("plateau", "step", "constant"),
-                     default=None,
-                     help="plateau: /10 after --lr-decay-patience epochs without improvement; step: /10 "
-                          "every --lr-step epochs; constant (default: plateau; seam step, vse constant)")
-    opt.add_argument("--lr-step", dest="lr_step", type=int, default=None,
-                     help="epochs between two /10 steps of --lr-schedule step (default 15)")
-    opt.add_argument("--early-stop", dest="early_stop", type=int, default=None,
-                     help="stop after this many epochs without a better validation rsum (default 10)")
-    opt.add_argument("--epochs", type=int, default=None, help="maximum number of epochs (default 30)")
-    opt.add_argument("--grad-clip", dest="grad_clip", type=float, default=None,
-                     help="clip the gradient norm to this value; 0 disables (default 2.0)")
-    opt.add_argument("--seed", type=int, default=None,
-                     help="seed of initialisation and shuffling; on CPU a run is reproducible (default 0)")
-    val = p.add_argument_group("validation")
-    val.add_argument("--val-protocol", dest="val_protocol", choices=("1k", "5cv", "5k", "all"), default=None,
-                     help="protocol of the per-epoch validation rsum (default all: every val image)")
-    val.add_argument("--val-images", dest="val_images", type=int, default=None,
-                     help="validate on the first N val images only (default: all)")
-    run = p.add_argument_group("run")
-    run.add_argument("--out", metavar="RUN_DIR", default=None,
-                     help="run directory (default runs/<family>-<timestamp>)")
-    run.add_argument("--resume", action="store_true",
-                     help="continue the run in --out from its newest checkpoint, also one written mid-epoch")
-    run.add_argument("--overwrite", action="store_true",
-                     help="start over in an --out that already holds a run: the files the run wrote are "
-                          "deleted; a folder holding anything else is refused")
-    run.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, default=None,
-                     help="also write checkpoints/last.pt every this many steps within an epoch "
-                          "(default 200)")
-    run.add_argument("--device", default=None, help=DEVICE_HELP)
-    run.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None,
-                     help="bf16 autocast on CUDA (ignored on CPU) (default off)")
-    run.add_argument("--workers", type=int, default=None,
-                     help="worker processes that collate the batches (a DataLoader's; 0: in this "
-                          "process)")
-    run.add_argument("--dry-run", dest="dry_run", action="store_true",
-                     help="build the model, print its parameter counts per part and exit")
-    run.add_argument("--alphabet-size", dest="alphabet_size", type=int, default=None,
-                     help=f"character alphabet size for --dry-run without --data (default "
-                          f"{DRY_RUN_ALPHABET})")
-    run.add_argument("--vocab-size", dest="vocab_size", type=int, default=None,
-                     help=f"word vocabulary size for --dry-run of a word model without --data (default "
-                          f"{DRY_RUN_VOCABULARY})")
-    run.add_argument("--image-dim", dest="image_dim", type=int, default=None,
-                     help=f"image feature dimension for --dry-run without --features (default "
-                          f"{DRY_RUN_IMAGE_DIM})")
+    """The options every ``train <family>`` takes: one per common setting (:data:`COMMON_GROUPS`, generated
+    like a family's own by :func:`field_option`), then those that are not settings (``--resume``,
+    ``--overwrite``, ``--dry-run`` and its sizes, ``--pipeline``)."""
+    fields = TrainSection.model_fields
+    for title, names in COMMON_GROUPS.items():
+        group = p.add_argument_group(title)
+        for name in names:
+            field_option(group, name, fields[name])
+    _run_options(group)
     add_pipeline_arguments(p)
+
+
+def _run_options(group: argparse._ArgumentGroup) -> None:
+    """The run group's options that are not settings."""
+    group.add_argument("--resume", action="store_true",
+                       help="continue the run in --out from its newest checkpoint, also one written "
+                            "mid-epoch")
+    group.add_argument("--overwrite", action="store_true",
+                       help="start over in an --out that already holds a run: the files the run wrote are "
+                            "deleted; a folder holding anything else is refused")
+    group.add_argument("--dry-run", dest="dry_run", action="store_true",
+                       help="build the model, print its parameter counts per part and exit")
+    group.add_argument("--alphabet-size", dest="alphabet_size", type=int, default=None,
+                       help=f"character alphabet size for --dry-run without --data (default "
+                            f"{DRY_RUN_ALPHABET})")
+    group.add_argument("--vocab-size", dest="vocab_size", type=int, default=None,
+                       help=f"word vocabulary size for --dry-run of a word model without --data (default "
+                            f"{DRY_RUN_VOCABULARY})")
+    group.add_argument("--image-dim", dest="image_dim", type=int, default=None,
+                       help=f"image feature dimension for --dry-run without --features (default "
+                            f"{DRY_RUN_IMAGE_DIM})")
 
 
 #: a help text's own "(default ...)" note at its end, replaced by the resolved value

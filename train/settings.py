@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from vsecore.device import DEVICE_HELP
 from vsecore.schema import Section
 
 
@@ -31,42 +32,65 @@ class TrainSection(Section):
     path_fields = ("data", "features", "out")
     #: the family's name (its settings class narrows this to ``Literal[name]``)
     family: str
-    data: str | None = None
-    features: str | None = None
-    out: str
-    d: int = Field(1024, ge=1)
-    measure: Literal["order", "cosine"] = "order"
-    order_sqrt: bool = False
-    loss: Literal["sum", "max"] = "sum"
-    margin: float = Field(0.05, ge=0)
-    #: a batch's other pairs are the contrastive examples, so a batch needs at least two
-    batch_size: int = Field(128, ge=2)
-    lr: float = Field(1e-3, gt=0)
-    lr_decay_patience: int = Field(3, ge=1)
-    early_stop: int = Field(10, ge=1)
-    epochs: int = Field(30, ge=1)
+    # -- data
+    data: str | None = Field(
+        None, json_schema_extra={"metavar": "PREPARED"},
+        description="prepared dataset folder written by `prep` (required unless --pipeline gives it)")
+    features: str | None = Field(
+        None, json_schema_extra={"metavar": "STORE[:global|:fne|:regions]"},
+        description="feature store written by `features`, with the key of the features to use: global or fne "
+        "for chain/oecc/seam/vse (default: global if present, else fne), regions for clmr/liwe")
+    #: language of the training and validation captions (``lang`` of the prepared sentences)
+    lang: str = Field("en", description="language of the captions to train on")
     #: character models read at most this many characters of a caption
-    max_chars: int = Field(256, ge=1)
+    max_chars: int = Field(256, ge=1, description="captions are cut to this many characters")
     #: word models read at most this many words of a caption
     max_words: int = Field(100, ge=1, description="captions are cut to this many words")
     #: word models: words seen fewer times in the train split map to <unk>
     min_word_count: int = Field(1, ge=1, description="words seen fewer times in the train split map to "
                                 "<unk> (default 1: every train word)")
-    grad_clip: float | None = Field(2.0, ge=0)
+    captions_per_epoch: Literal["all", "one"] = Field(
+        "all", description="'all': every caption once per epoch (CHAIN-VSE, OECC, SEAM); 'one': one random "
+        "caption per image per epoch (FNE paper)")
+    # -- model and loss
+    d: int = Field(1024, ge=1, description="dimension of the joint embedding")
+    measure: Literal["order", "cosine"] = Field("order", description="similarity: order violation or cosine")
+    order_sqrt: bool = Field(False, description="take the square root of the order violation, as the "
+                             "released code does")
+    loss: Literal["sum", "max"] = Field("sum", description="sum of hinges over the contrastive examples, or "
+                                        "the hardest only")
+    margin: float = Field(0.05, ge=0, description="contrastive margin alpha")
+    # -- optimisation
+    #: a batch's other pairs are the contrastive examples, so a batch needs at least two
+    batch_size: int = Field(128, ge=2, description="image-caption pairs per batch; the others are the "
+                            "contrastive examples")
+    lr: float = Field(1e-3, gt=0, description="Adam learning rate")
+    lr_decay_patience: int = Field(3, ge=1, description="divide the learning rate by 10 after this many "
+                                   "epochs without a better validation rsum")
     #: learning-rate schedule: /10 on a validation plateau, /10 every ``lr_step`` epochs, or constant
-    lr_schedule: Literal["plateau", "step", "constant"] = "plateau"
-    lr_step: int = Field(15, ge=1)
-    captions_per_epoch: Literal["all", "one"] = "all"
-    #: language of the training and validation captions (``lang`` of the prepared sentences)
-    lang: str = "en"
+    lr_schedule: Literal["plateau", "step", "constant"] = Field(
+        "plateau", description="plateau: /10 after --lr-decay-patience epochs without improvement; step: /10 "
+        "every --lr-step epochs; constant")
+    lr_step: int = Field(15, ge=1, description="epochs between two /10 steps of --lr-schedule step")
+    early_stop: int = Field(10, ge=1, description="stop after this many epochs without a better validation "
+                            "rsum")
+    epochs: int = Field(30, ge=1, description="maximum number of epochs")
+    grad_clip: float | None = Field(2.0, ge=0, description="clip the gradient norm to this value; 0 disables")
+    seed: int = Field(0, description="seed of initialisation and shuffling; on CPU a run is reproducible")
+    # -- validation
+    val_protocol: Literal["1k", "5cv", "5k", "all"] = Field(
+        "all", description="protocol of the per-epoch validation rsum")
+    val_images: int | None = Field(None, ge=1, description="validate on the first N val images only")
+    # -- run
+    out: str = Field(json_schema_extra={"metavar": "RUN_DIR"},
+                     description="run directory (default runs/<family>-<timestamp>)")
     #: write a mid-epoch checkpoint every this many steps, so ``--resume`` survives a kill
-    checkpoint_every: int = Field(200, ge=1)
-    val_images: int | None = Field(None, ge=1)
-    val_protocol: Literal["1k", "5cv", "5k", "all"] = "all"
-    seed: int = 0
-    device: str = "auto"
-    amp: bool = False
-    workers: int = Field(0, ge=0)
+    checkpoint_every: int = Field(200, ge=1, description="also write checkpoints/last.pt every this many "
+                                  "steps within an epoch")
+    device: str = Field("auto", description=DEVICE_HELP)
+    amp: bool = Field(False, description="bf16 autocast on CUDA (ignored on CPU)")
+    workers: int = Field(0, ge=0, description="worker processes that collate the batches (a DataLoader's; 0: "
+                         "in this process)")
 
     @model_validator(mode="before")
     @classmethod
@@ -78,11 +102,12 @@ class TrainSection(Section):
 
     @property
     def train_langs(self) -> list[str]:
-        """Languages of the image-text training captions: ``langs`` (clmr/liwe), else ``[lang]``."""
-        langs = getattr(self, "langs", None)
-        return list(langs) if langs else [self.lang]
+        """Languages of the image-text training captions: ``[lang]`` (a family with settings of its own for
+        them overrides this property in its config, as clmr/liwe do)."""
+        return [self.lang]
 
     @property
     def cross_langs(self) -> list[str]:
-        """Languages paired with ``lang`` by the cross-language loss (``cross_lang`` of clmr/liwe), or []."""
-        return list(getattr(self, "cross_lang", None) or [])
+        """Languages paired with ``lang`` by a cross-language loss: none (overridden like
+        :attr:`train_langs`)."""
+        return []
