@@ -202,15 +202,16 @@ def peak_rss() -> int:
 
 def settings_of(family: str, root: Path, scale: float) -> Any:
     """The family's train settings on the synthetic data, resolved as ``train <family>`` resolves it."""
-    from train.fit import _resolve_word_length
-    from train.models.family import train_settings, with_family_defaults
+    from prep.dataset import PreparedDataset
+    from train.models.family import train_settings, with_data_defaults, with_family_defaults
     from train.runs import absolute_settings
 
     store, key = FAMILY_FEATURES[family]
     extra = {} if scale >= 1 else {"val_protocol": "all"}  # the 5cv folds need 5,000 test images
     settings = train_settings(family=family, data=str(root / "data"), features=f"{root / store}:{key}",
                               out=str(root / "runs" / family), device="cpu", **extra)
-    return _resolve_word_length(absolute_settings(with_family_defaults(settings, "coco")))
+    settings = absolute_settings(with_family_defaults(settings, "coco"))
+    return with_data_defaults(settings, lambda: PreparedDataset.load(settings.data))
 
 
 def phase_load(family: str, root: Path, scale: float, seconds: float) -> dict[str, Any]:

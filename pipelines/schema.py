@@ -510,7 +510,9 @@ def stage_settings(stage: str, args: argparse.Namespace, **fixed: Any) -> Sectio
         if loc and loc in model.model_fields and "input" in err:
             # an option's own value: name the option as typed, with the rule it broke
             source = f" (from pipeline '{name}')" if name and loc not in _given(args) else ""
-            raise UserError(f"{opt} {err['input']!r}{source}: {_lower_first(err['msg'])}") from None
+            given = err["input"]
+            shown = ",".join(map(str, given)) if isinstance(given, list) else repr(given)
+            raise UserError(f"{opt} {shown}{source}: {_lower_first(err['msg'])}") from None
         msg = err["msg"].removeprefix("Value error, ")
         raise UserError(f"{stage} ({where}): {loc + ': ' if loc else ''}{msg}") from None
 
@@ -529,5 +531,6 @@ def _given(args: argparse.Namespace) -> set[str]:
 
 
 def _lower_first(text: str) -> str:
+    text = text.removeprefix("Value error, ")
     text = text[:1].lower() + text[1:]
     return text.replace("input should be", "must be", 1)

@@ -41,7 +41,13 @@ from train.fit_options import (
     DRY_RUN_VOCABULARY,
 )
 from train.inference import retrieval_metrics
-from train.models.family import build_objective, family_names, model_spec, with_family_defaults
+from train.models.family import (
+    build_objective,
+    family_names,
+    model_spec,
+    with_data_defaults,
+    with_family_defaults,
+)
 from train.models.registry import ModelSpec
 from train.rundir import RunDir
 from train.runs import (
@@ -106,8 +112,9 @@ def run_training(settings: TrainSection, resume: bool = False, overwrite: bool =
                         f"{', '.join(family_names())})")
     _check_numbers(settings, {"--alphabet-size": alphabet_size, "--image-dim": image_dim,
                               "--vocab-size": vocab_size})
-    settings = _resolve_word_length(absolute_settings(with_family_defaults(settings,
-                                                                           dataset_name(settings.data))))
+    settings = absolute_settings(with_family_defaults(settings, dataset_name(settings.data)))
+    if settings.data:
+        settings = with_data_defaults(settings, lambda: PreparedDataset.load(settings.data))
     run_dir = Path(settings.out)
     if dry_run:
         _dry_run(settings, alphabet_size, image_dim, vocab_size)
@@ -143,30 +150,9 @@ def _check_numbers(settings: TrainSection, sizes: dict[str, int | None]) -> None
                 raise UserError(f"--{key.replace('_', '-')} {v}: must be a finite number")
     if not 0 <= settings.seed <= _MAX_SEED:
         raise UserError(f"--seed {settings.seed}: must be between 0 and {_MAX_SEED}")
-    layers = getattr(settings, "layers", None) or []  # liwe's
-    if any(v < 1 for v in layers):
-        raise UserError(f"--layers {','.join(map(str, layers))}: every layer needs at least 1 unit")
-    word_length = getattr(settings, "word_length", None)
-    if word_length is not None and word_length < 1:
-        raise UserError(f"--word-length {word_length}: must be at least 1")
     for option, value in sizes.items():
         if value is not None and value < 1:
             raise UserError(f"{option} {value}: must be at least 1")
-
-
-def _resolve_word_length(settings: TrainSection) -> TrainSection:
-    """A family that spells words in characters without ``word_length``: C_w from the train split's word
-    lengths (:func:`train.models.liwe.word_length_from_statistics`), recorded in the run's settings."""
-    if not settings.data or model_spec(settings).text_input != "word_chars":
-        return settings
-    if getattr(settings, "word_length", None) is not None:
-        return settings
-    from train.models.liwe import word_length_from_statistics
-
-    counts = PreparedDataset.load(settings.data).words.counts
-    resolved = settings.model_copy(update={"word_length": word_length_from_statistics(counts)})
-    resolved.model_fields_set.add("word_length")
-    return resolved
 
 
 def dataset_name(data: str | None) -> str | None:

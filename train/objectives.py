@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -48,6 +48,29 @@ class Objective(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
+
+
+@runtime_checkable
+class PhasedObjective(Objective, Protocol):
+    """An objective trained in phases (a curriculum): when the stopping rules end a phase, the trainer
+    reloads the best checkpoint, calls :meth:`advance` and starts a fresh Adam at :attr:`later_lr` (the
+    run's ``lr`` if None). :class:`CurriculumObjective` is one."""
+
+    #: 0-based index of the current phase (saved with the objective's state)
+    phase: int
+    #: learning rate of the phases after the first (None: the run's ``lr``)
+    later_lr: float | None
+
+    @property
+    def phase_name(self) -> str:
+        """The current phase's name, recorded per epoch in ``metrics.jsonl``."""
+
+    @property
+    def has_next_phase(self) -> bool:
+        """Whether a phase follows the current one."""
+
+    def advance(self) -> None:
+        """Move to the next phase."""
 
 
 @dataclass
@@ -165,6 +188,8 @@ class CurriculumObjective(ContrastiveObjective):
 
     phases: tuple[str, ...] = ("sum", "max")
     phase: int = 0
+    #: learning rate of the phases after the first (the FNE paper's fine-tuning; None: the run's ``lr``)
+    later_lr: float | None = None
 
     def __post_init__(self) -> None:
         if not self.phases or any(p not in ("sum", "max") for p in self.phases):

@@ -47,7 +47,7 @@ from train.data import (
     epoch_pair_batches,
 )
 from train.inference import autocast, batch_to, embed_caption_set, retrieval_metrics
-from train.objectives import Objective
+from train.objectives import Objective, PhasedObjective
 from train.plots import plot_training_curves
 from train.rundir import BEST, CURVES, LAST, METRICS, TENSORBOARD, RunDir
 from train.settings import TrainSection
@@ -120,7 +120,7 @@ class Trainer:
         return self.epoch - self.phase_start_epoch
 
     def _has_next_phase(self) -> bool:
-        return bool(getattr(self.objective, "has_next_phase", False))
+        return isinstance(self.objective, PhasedObjective) and self.objective.has_next_phase
 
     def can_continue(self) -> bool:
         """Whether the stopping rules (``epochs``, ``early_stop``) let this phase go on."""
@@ -134,13 +134,15 @@ class Trainer:
             state = load_checkpoint(best, map_location="cpu")
             self.model.load_state_dict(state["model"])
             source = f"the best checkpoint (epoch {state['epoch']}, val rsum {state['best_rsum']:.2f})"
-        self.objective.advance()
+        objective = self.objective
+        assert isinstance(objective, PhasedObjective)
+        objective.advance()
         self.phase_start_epoch = self.epoch
         self.bad_epochs = 0
-        lr = getattr(self.settings, "finetune_lr", None) or self.settings.lr  # vse's PH/POE
+        lr = objective.later_lr or self.settings.lr
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
         self.scheduler = self._make_scheduler()
-        self.log(f"phase {self.objective.phase + 1} ({self.objective.phase_name} of hinges) from "
+        self.log(f"phase {objective.phase + 1} ({objective.phase_name} of hinges) from "
                  f"{source}, lr {lr:.1e}")
 
     # -- checkpoints -------------------------------------------------------------------------------
@@ -222,11 +224,16 @@ class Trainer:
         """Write the current state to ``checkpoints/<name>`` atomically."""
         save_checkpoint(self.checkpoint_dir / name, self.state())
 
+    def metrics_record(self, record: dict[str, Any]) -> dict[str, Any]:
+        """An epoch's history record as its line of ``metrics.jsonl`` (a task may rename its keys)."""
+        return record
+
     def write_metrics(self) -> None:
         """Rewrite ``metrics.jsonl`` from the history (atomically): one JSON object per epoch."""
-        path = self.run_dir / METRICS
-        tmp = path.with_name(f".{METRICS}.tmp")
-        tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in self.history), encoding="utf-8")
+        path = RunDir(self.run_dir).metrics
+        tmp = path.with_name(f".{path.name}.tmp")
+        lines = [json.dumps(self.metrics_record(r), sort_keys=True) + "\n" for r in self.history]
+        tmp.write_text("".join(lines), encoding="utf-8")
         tmp.replace(path)
 
     # -- the loop ----------------------------------------------------------------------------------
@@ -350,7 +357,7 @@ class Trainer:
             "val_time_s": val_time,
             "captions_per_s": r["captions"] / max(r["train_time"], 1e-9),
         }
-        if hasattr(self.objective, "phase_name"):
+        if isinstance(self.objective, PhasedObjective):
             record["phase"] = self.objective.phase_name
         self.history.append(record)
         self.epoch += 1

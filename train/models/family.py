@@ -50,6 +50,10 @@ class Family:
             explicitly (a paper's settings; presets by dataset, ``dataset_name`` being the prepared
             dataset's ``dataset`` field, or ``None`` without data).
         objective: ``(settings) -> Objective``, the loss the trainer minimises.
+        data_defaults: ``(settings, dataset) -> {key: value}``, settings computed from the prepared dataset
+            (a :class:`prep.dataset.PreparedDataset`) when a run starts, recorded in its ``config.json``:
+            only the keys the rule resolves (liwe: ``word_length`` from the train split's words when not
+            given); ``None``: the family has none, and the dataset is not read for them.
         common_options: common fields (of ``TrainSection``) offered in this family's own option group
             (seam and vse: ``max_words``, ``min_word_count``).
         help_notes: option -> what its "(default ...)" in ``--help`` adds (a preset that depends on data).
@@ -61,6 +65,7 @@ class Family:
     spec: Callable[[Any], ModelSpec]
     defaults: Callable[[Any, str | None], dict[str, Any]] = no_defaults
     objective: Callable[[Any], Objective] = contrastive_objective
+    data_defaults: Callable[[Any, Any], dict[str, Any]] | None = None
     common_options: tuple[str, ...] = ()
     help_notes: Mapping[str, str] = field(default_factory=dict)
 
@@ -141,6 +146,20 @@ def with_family_defaults(settings: Any, dataset_name: str | None = None) -> Any:
     if not defaults:
         return settings
     return type(settings).model_validate({**given, **defaults})
+
+
+def with_data_defaults(settings: Any, load_dataset: Callable[[], Any]) -> Any:
+    """``settings`` with the settings its family computes from the prepared dataset
+    (:attr:`Family.data_defaults`; ``load_dataset()`` is called only for a family that has them), each
+    marked as set so that a run's ``config.json`` records it."""
+    rule = get_family(settings.family).data_defaults
+    if rule is None:
+        return settings
+    resolved = rule(settings, load_dataset())
+    if not resolved:
+        return settings
+    given = settings.model_dump(include=settings.model_fields_set)
+    return type(settings).model_validate({**given, **resolved})
 
 
 def model_spec(settings: Any) -> ModelSpec:

@@ -58,7 +58,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
@@ -267,6 +267,17 @@ class RegionFamilyConfig(FamilyConfig):
         description="add the cross-language loss over the dataset's pairs aligning --lang with each of these "
         "languages (default: none)")
 
+    @property
+    def train_langs(self) -> list[str]:
+        """Languages of the image-text training captions: ``langs``, else ``[lang]`` (overrides
+        :attr:`train.settings.TrainSection.train_langs`; the settings class puts this config first)."""
+        return list(self.langs) if self.langs else [self.lang]  # type: ignore[attr-defined]
+
+    @property
+    def cross_langs(self) -> list[str]:
+        """Languages paired with ``lang`` by the cross-language loss (``cross_lang``), or []."""
+        return list(self.cross_lang)
+
     @model_validator(mode="after")
     def _cosine_and_the_eta_schedule(self) -> RegionFamilyConfig:
         # the defaults (cosine, margin 0.2) are region_defaults; here what cannot be asked for explicitly
@@ -309,6 +320,14 @@ class LiweConfig(RegionFamilyConfig):
                                     "--dry-run without --data)")
 
 
+    @field_validator("layers")
+    @classmethod
+    def _layers_have_units(cls, layers: list[int]) -> list[int]:
+        if any(n < 1 for n in layers):
+            raise ValueError("every layer needs at least 1 unit")
+        return layers
+
+
 def region_defaults(settings: Any, dataset_name: str | None) -> dict[str, Any]:
     """LIWE paper section 2.4 and LAVSE: cosine similarity, margin 0.2 (the config refuses another measure
     and a plain max of hinges: the eta schedule mixes sum and max)."""
@@ -327,6 +346,14 @@ def liwe_spec(settings: Any) -> ModelSpec:
                           {"word_length": word_length, "layers": tuple(settings.layers)})
 
 
+def liwe_data_defaults(settings: Any, dataset: Any) -> dict[str, Any]:
+    """``word_length`` (C_w) not given: from the train split's word lengths
+    (:func:`word_length_from_statistics`), recorded in the run's settings."""
+    if settings.word_length is not None:
+        return {}
+    return {"word_length": word_length_from_statistics(dataset.words.counts)}
+
+
 def scheduled_objective(settings: Any) -> Objective:
     """The LIWE paper's loss: the eta schedule of hinges, plus the cross-language loss."""
     return ScheduledContrastiveObjective(eta=settings.eta, margin=settings.margin, measure=settings.measure)
@@ -337,7 +364,7 @@ CLMR = Family("clmr", "CLMR: word embeddings + BiGRU, non-local region image enc
               objective=scheduled_objective)
 LIWE = Family("liwe", "LIWE: character-built word embeddings + BiGRU, non-local region image encoder, "
               "cosine, eta schedule, cross-language loss", LiweConfig, liwe_spec, defaults=region_defaults,
-              objective=scheduled_objective)
+              objective=scheduled_objective, data_defaults=liwe_data_defaults)
 
 
 # --- counts, C_w and spelling ------------------------------------------------------------------------

@@ -220,7 +220,7 @@ def vse_objective(settings: Any) -> Objective:
     plain contrastive loss of their preset."""
     if settings.kind in CURRICULA:
         return CurriculumObjective(settings.measure, settings.margin, settings.loss, settings.order_sqrt,
-                                   phases=(settings.loss, "max"))
+                                   phases=(settings.loss, "max"), later_lr=settings.finetune_lr)
     return ContrastiveObjective(settings.measure, settings.margin, settings.loss, settings.order_sqrt)
 
 
