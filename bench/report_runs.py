@@ -19,6 +19,8 @@ import json
 import sys
 from pathlib import Path
 
+from train.rundir import RunDir
+
 
 def _read(path: Path) -> dict:
     try:
@@ -28,7 +30,7 @@ def _read(path: Path) -> dict:
 
 
 def _describe(run: Path) -> str:
-    config = _read(run / "config.json")
+    config = _read(RunDir(run).config)
     s = config["settings"]
     features = Path(s["features"].rsplit(":", 1)[0]).name + ":" + s["features"].rsplit(":", 1)[-1]
     model = {"chain": f"chain {s.get('version')} p={s.get('p')}", "oecc": f"oecc {s.get('arch')}",
@@ -43,8 +45,8 @@ def retrieval_table(runs: list[Path]) -> str:
     lines = [f"{'run':<26} {'epochs':>6} {'best':>4} | {'i2t R@1':>7} {'R@5':>5} {'R@10':>5} | "
              f"{'t2i R@1':>7} {'R@5':>5} {'R@10':>5} | {'rsum':>6}  model, features"]
     for run in runs:
-        test = _read(run / "eval" / "test.json")
-        records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        test = _read(RunDir(run).test_eval)
+        records = [json.loads(x) for x in RunDir(run).metrics.read_text().splitlines()]
         m = test["protocols"]["all"] if "all" in test["protocols"] else next(iter(test["protocols"].values()))
         i, t = m["i2t"], m["t2i"]
         lines.append(f"{run.name:<26} {len(records):>6} {test['epoch']:>4} | {i['r1']:>7.1f} "
@@ -58,7 +60,7 @@ def noise_table(runs: list[Path]) -> str:
     lines = [f"{'run':<26} {'noise':>6} | {'i2t R@1':>7} {'R@10':>5} | {'t2i R@1':>7} {'R@10':>5} | "
              f"{'kept i2t':>8} {'kept t2i':>8}"]
     for run in runs:
-        noise = _read(run / "eval" / "noise_test.json")
+        noise = _read(RunDir(run).eval_dir / "noise_test.json")
         clean = noise["clean"]
         rows = [{"ratio": 0.0, **clean}] + noise["ratios"]
         for row in rows:

@@ -101,7 +101,7 @@ def _run_train(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
 def _run_classify(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
     from train.classify import run_classification
 
-    has_checkpoint = (Path(pipe.classify.out) / "checkpoints").is_dir()
+    has_checkpoint = RunDir(pipe.classify.out).checkpoints.is_dir()
     run_classification(pipe.classify, resume=resume and has_checkpoint, overwrite=overwrite or resume)
 
 

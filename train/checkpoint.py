@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from train.rundir import BEST, LAST
 from vsecore.errors import UserError
 from vsecore.io import atomic_file
 
@@ -266,7 +267,7 @@ def check_optimizer_state(optimizer: torch.optim.Optimizer, state: Mapping[str, 
                                 f"{tuple(value.shape)}, the parameter {tuple(params[index].shape)}")
 
 
-def newest_checkpoint(folder: str | os.PathLike, names: tuple[str, ...] = ("last.pt", "best.pt")
+def newest_checkpoint(folder: str | os.PathLike, names: tuple[str, ...] = (LAST, BEST)
                       ) -> tuple[Path, dict[str, Any]] | None:
     """The furthest-advanced of the checkpoints ``names`` in ``folder``: ``(path, state)``, or None.
 

@@ -14,6 +14,7 @@ import argparse
 from pathlib import Path
 
 from train.checkpoint import convert_checkpoint
+from train.rundir import RunDir
 from train.runs import add_run_arguments, run_from_arguments
 from vsecore import console
 from vsecore.errors import UserError
@@ -24,7 +25,7 @@ def convert_run_checkpoints(run_dir: str | Path) -> list[tuple[Path, bool]]:
     """Convert every ``checkpoints/*.pt`` of ``run_dir`` (see the module doc); ``(path, converted)`` each,
     ``converted`` False for a checkpoint already in format 2. Holds the run directory's lock."""
     run_dir = Path(run_dir)
-    files = sorted((run_dir / "checkpoints").glob("*.pt"))
+    files = sorted(RunDir(run_dir).checkpoints.glob("*.pt"))
     if not files:
         raise UserError(f"{run_dir}: no checkpoints/*.pt to convert")
     console.warning(f"{run_dir}: converting unpickles the checkpoints (torch.load with weights_only=False), "

@@ -33,6 +33,7 @@ from train.data import TextCodec, codec_for
 from train.inference import embed_codes
 from train.models.family import model_spec
 from train.models.registry import ModelSpec, count_parameters, create_text_encoder
+from train.rundir import RunDir
 from train.runs import (
     RESUMABLE_CHANGES,
     classify_settings_from_config,
@@ -41,14 +42,13 @@ from train.runs import (
     write_config,
 )
 from train.textcls_metrics import classification_metrics, format_metrics
-from train.trainer import BEST, METRICS, Trainer, write_evaluation
+from train.trainer import Trainer, write_evaluation
 from vsecore import console
 from vsecore.device import resolve_device
 from vsecore.errors import UserError
 from vsecore.io import exclusive_lock, sha256_file
 
 TASK = "classify"
-TRAIN_LOG = "train.log"
 #: the paper's size of its classifiers ("about 1.5M parameters", section 5)
 PAPER_PARAMETERS = 1_500_000
 #: the vocabulary the paper gives its word-level peers on DBPedia and Tweets (section 5)
@@ -170,16 +170,11 @@ class ClassificationTrainer(Trainer):
         m = classification_metrics(self.val_set.labels, logits.argmax(1).numpy(), self.labels)
         return m["accuracy"], {"accuracy": m["accuracy"], "macro_f1": m["macro_f1"]}
 
-    def write_metrics(self) -> None:
-        """``metrics.jsonl`` with the score under its name (one JSON object per epoch)."""
-        path = self.run_dir / METRICS
-        tmp = path.with_name(f".{METRICS}.tmp")
+    def metrics_record(self, record: dict[str, Any]) -> dict[str, Any]:
+        """An epoch's line of ``metrics.jsonl`` with the score under its name (accuracy, texts)."""
         rename = {"rsum": "val_accuracy", "best_rsum": "best_val_accuracy", "captions": "texts",
                   "captions_per_s": "texts_per_s"}
-        lines = [json.dumps({rename.get(k, k): v for k, v in r.items()}, sort_keys=True) + "\n"
-                 for r in self.history]
-        tmp.write_text("".join(lines), encoding="utf-8")
-        tmp.replace(path)
+        return {rename.get(k, k): v for k, v in record.items()}
 
 
 def _codec(settings: ClassifySection, dataset: TextClsDataset) -> TextCodec:
@@ -255,7 +250,7 @@ def run_classification(settings: ClassifySection, resume: bool = False, overwrit
     resolve_device(settings.device)
     with exclusive_lock(run_dir, "the run directory"):
         prepare_run_dir(run_dir, resume=resume, overwrite=overwrite)
-        with console.log_file(run_dir / TRAIN_LOG):
+        with console.log_file(RunDir(run_dir).log):
             _train(settings, run_dir, resume, log)
     return run_dir
 
@@ -263,7 +258,7 @@ def run_classification(settings: ClassifySection, resume: bool = False, overwrit
 def _train(settings: ClassifySection, run_dir: Path, resume: bool, log: Callable[[str], None]) -> None:
     import random
 
-    remove_stale_temporaries(run_dir / "checkpoints")
+    remove_stale_temporaries(RunDir(run_dir).checkpoints)
     device = resolve_device(settings.device)
     dataset = TextClsDataset.load(settings.data)
     codec = _codec(settings, dataset)
@@ -404,7 +399,7 @@ def load_classification_run(run_dir: str | Path, checkpoint: str = "best", devic
     config = read_config(run_dir)
     settings = classify_settings_from_config(config["settings"])
     dev = resolve_device(device)
-    state = load_checkpoint(run_dir / "checkpoints" / f"{checkpoint}.pt", map_location="cpu")
+    state = load_checkpoint(RunDir(run_dir).checkpoint(checkpoint), map_location="cpu")
     model = build_classifier(settings, int(config["vocab_size"]), len(config["labels"]))
     try:
         model.load_state_dict(state["model"])
@@ -418,14 +413,14 @@ def load_classification_run(run_dir: str | Path, checkpoint: str = "best", devic
 
 def evaluate_test(run_dir: Path, device: torch.device | str = "auto") -> dict[str, Any] | None:
     """Evaluate the best checkpoint on the test split: ``eval/test.json`` and the printed table."""
-    if not (run_dir / "checkpoints" / BEST).is_file():
+    if not RunDir(run_dir).best.is_file():
         console.info("no best checkpoint (no epoch finished); test evaluation skipped")
         return None
     run = load_classification_run(run_dir, "best", str(device))
     metrics = run.evaluate("test")
     title = f"{run_dir.name}: test split, best checkpoint (epoch {run.epoch})"
     console.result(format_metrics(metrics, title))
-    write_evaluation(run_dir / "eval" / "test.json", {"split": "test", "checkpoint": "best",
+    write_evaluation(RunDir(run_dir).test_eval, {"split": "test", "checkpoint": "best",
                                                       "epoch": run.epoch, **metrics})
     return metrics
 

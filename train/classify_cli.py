@@ -19,13 +19,14 @@ from vsecore.errors import HelpFormatter, UserError
 
 def _classify_command(args: argparse.Namespace) -> int:
     from train.classify import run_classification
+    from train.rundir import RunDir
     from train.runs import default_run_dir, read_config
 
     if args.out is None and not args.pipeline:
         if args.resume:
             raise UserError("--resume needs --out RUN_DIR (the run to continue)")
         args.out = default_run_dir("classify")
-    if args.resume and not args.pipeline and (Path(args.out) / "config.json").is_file():
+    if args.resume and not args.pipeline and RunDir(args.out).config.is_file():
         stored = read_config(args.out)
         if stored.get("task") != "classify":
             raise UserError(f"{args.out}: cannot resume: not a classification run")
@@ -84,6 +85,7 @@ def evaluate_command(args: argparse.Namespace, run_dir: Path) -> int:
     """``train evaluate --run R`` of a classification run: metrics of ``--split``, ``--noise`` accuracy."""
     from train.classify import load_classification_run, noise_accuracy, plot_noise_accuracy
     from train.evaluate.analysis import parse_ratio_range
+    from train.rundir import RunDir
     from train.textcls_metrics import format_metrics
     from train.trainer import write_evaluation
 
@@ -94,7 +96,7 @@ def evaluate_command(args: argparse.Namespace, run_dir: Path) -> int:
             raise UserError(f"{option} does not apply to a classification run")
     split = args.split or "test"
     run = load_classification_run(run_dir, args.checkpoint, args.device)
-    out = Path(args.out) if args.out else run_dir / "eval"
+    out = Path(args.out) if args.out else RunDir(run_dir).eval_dir
     metrics = run.evaluate(split)
     console.result(format_metrics(metrics, f"{run_dir.name}: {split} split, {args.checkpoint} checkpoint "
                                            f"(epoch {run.epoch})"))

@@ -12,9 +12,11 @@ A run directory holds::
                            noise_<split>.json/.png and length_<split>.json
     eval.stage.json        the evaluate stage's state of ``train pipeline``
 
-:class:`RunDir` names these paths (no other module spells them), recognises a run (the marker, or
-for runs written before it existed: ``config.json`` beside a ``checkpoints/`` folder holding only
-files train writes), lists the entries train did not write, and applies the ``--out`` rule of a
+:class:`RunDir` names these paths (no other module spells them, but for the four a run is recognised
+by, ``config.json``, ``checkpoints/``, ``best.pt`` and ``last.pt``, which it takes from
+:mod:`vsecore.outputs`: the output rules of every stage need them), recognises a run
+(:func:`vsecore.outputs.is_run_folder`: the marker, or for runs written before it existed,
+``config.json`` beside a ``checkpoints/`` folder holding only checkpoints), lists the entries train did not write, and applies the ``--out`` rule of a
 training run (:meth:`RunDir.prepare`) and of a command writing into a run's ``eval/``
 (:meth:`RunDir.check_eval_output`). ``docs/safety.md`` states the rules.
 """
@@ -29,12 +31,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vsecore.errors import UserError
-from vsecore.outputs import RUN, RUN_MARKER, check_not_input, check_output_file, enclosing_artifact
+from vsecore.outputs import (
+    RUN,
+    RUN_BEST,
+    RUN_CHECKPOINTS,
+    RUN_CONFIG,
+    RUN_LAST,
+    RUN_MARKER,
+    check_not_input,
+    check_output_file,
+    enclosing_artifact,
+    foreign_files,
+    is_run_folder,
+    is_written_file,
+)
 
-CONFIG = "config.json"
-CHECKPOINTS = "checkpoints"
-BEST = "best.pt"
-LAST = "last.pt"
+#: the names a run is recognised by are vsecore.outputs' (its output rules need them)
+CONFIG, CHECKPOINTS, BEST, LAST = RUN_CONFIG, RUN_CHECKPOINTS, RUN_BEST, RUN_LAST
 METRICS = "metrics.jsonl"
 CURVES = "curves.png"
 TENSORBOARD = "tensorboard"
@@ -51,25 +64,6 @@ _CHECKPOINT_FILES = frozenset({BEST, LAST})
 _EVAL_FILE = re.compile(r"test\.json|(train|val|test)_(best|last)(_[\w.-]+)?\.json"
                         r"|noise_(train|val|test)\.(json|png)|length_(train|val|test)\.json")
 _TENSORBOARD_FILE = re.compile(r"events\.out\.tfevents\..+")
-
-
-def _temporary_of(name: str, written: Iterable[str] | re.Pattern[str]) -> bool:
-    """Whether ``name`` is the temporary of an atomic write of one of the ``written`` names
-    (``.NAME.HOST-PID.XXXX.tmp``, ``.metrics.jsonl.tmp``)."""
-    if not (name.startswith(".") and name.endswith(".tmp")):
-        return False
-    body = name[1:]
-    prefixes = [body[:i] for i, ch in enumerate(body) if ch == "."]
-    if isinstance(written, re.Pattern):
-        return any(written.fullmatch(p) is not None for p in prefixes)
-    return any(p in written for p in prefixes)
-
-
-def _written_by_train(entry: os.DirEntry, written: frozenset[str] | re.Pattern[str]) -> bool:
-    """Whether the folder entry is a plain file of the ``written`` names (or one's temporary)."""
-    name = entry.name
-    named = written.fullmatch(name) is not None if isinstance(written, re.Pattern) else name in written
-    return entry.is_file(follow_symlinks=False) and (named or _temporary_of(name, written))
 
 
 def is_eval_file(name: str) -> bool:
@@ -154,13 +148,7 @@ class RunDir:
     def is_run(self) -> bool:
         """Whether the folder holds a run: the marker, or (runs written before it) ``config.json``
         beside a ``checkpoints/`` folder holding only files train writes."""
-        try:
-            if self.marker.is_file():
-                return True
-            return (self.config.is_file() and self.checkpoints.is_dir()
-                    and not self._foreign_in(self.checkpoints, _CHECKPOINT_FILES))
-        except OSError:
-            return False
+        return is_run_folder(self.path)
 
     def holds_run(self) -> bool:
         """Whether a run was started here (its ``config.json``, a checkpoint or a metrics record): starting
@@ -178,14 +166,10 @@ class RunDir:
             if entry.is_dir(follow_symlinks=False) and name in (CHECKPOINTS, EVAL, TENSORBOARD):
                 written = {CHECKPOINTS: _CHECKPOINT_FILES, EVAL: _EVAL_FILE,
                            TENSORBOARD: _TENSORBOARD_FILE}[name]
-                foreign += [f"{name}/{n}" for n in self._foreign_in(self.path / name, written)]
-            elif not _written_by_train(entry, _TOP_FILES):
+                foreign += [f"{name}/{n}" for n in foreign_files(self.path / name, written)]
+            elif not is_written_file(entry, _TOP_FILES):
                 foreign.append(name)
         return foreign
-
-    @staticmethod
-    def _foreign_in(folder: Path, written: frozenset[str] | re.Pattern[str]) -> list[str]:
-        return sorted(e.name for e in os.scandir(folder) if not _written_by_train(e, written))
 
     def kept(self) -> str | None:
         """What a stopped training run keeps, for :func:`vsecore.errors.resume_hint`, e.g. ``epoch 3 kept:
@@ -269,13 +253,13 @@ class RunDir:
             if not folder.is_dir() or folder.is_symlink():
                 continue
             for entry in os.scandir(folder):
-                if _written_by_train(entry, written):
+                if is_written_file(entry, written):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(entry.path)
             with contextlib.suppress(OSError):
                 folder.rmdir()
         for entry in os.scandir(self.path):
-            if entry.name != RUN_MARKER and _written_by_train(entry, _TOP_FILES):
+            if entry.name != RUN_MARKER and is_written_file(entry, _TOP_FILES):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)
 

@@ -10,13 +10,14 @@ A command may write a file or a folder only where it cannot destroy what it did 
 
 The artifacts are recognised by their markers: a prepared dataset by ``.vse-prepared`` (or its
 ``prep.json``), a feature store by its ``zarr.json``, a run directory by ``.vse-run`` (or its
-``config.json`` beside a ``checkpoints/`` folder).
+``config.json`` beside a ``checkpoints/`` folder holding only checkpoints: :func:`is_run_folder`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -28,6 +29,50 @@ RUN_MARKER = ".vse-run"
 
 #: what :func:`artifact_kind` calls each artifact in messages
 PREPARED, STORE, RUN = "prepared dataset", "feature store", "run directory"
+#: the names a run directory is recognised by (:func:`is_run_folder`); :mod:`train.rundir` owns the whole
+#: layout and takes these from here
+RUN_CONFIG, RUN_CHECKPOINTS, RUN_BEST, RUN_LAST = "config.json", "checkpoints", "best.pt", "last.pt"
+
+#: names of the files a writer made: a set of names, or a pattern a name must match in full
+Written = frozenset[str] | re.Pattern[str]
+
+
+def is_temporary_of(name: str, written: Written) -> bool:
+    """Whether ``name`` is the temporary of an atomic write of one of the ``written`` names
+    (:func:`vsecore.io.atomic_file`'s ``.NAME.HOST-PID.XXXX.tmp``, or ``.NAME.tmp``)."""
+    if not (name.startswith(".") and name.endswith(".tmp")):
+        return False
+    body = name[1:]
+    prefixes = [body[:i] for i, ch in enumerate(body) if ch == "."]
+    if isinstance(written, re.Pattern):
+        return any(written.fullmatch(p) is not None for p in prefixes)
+    return any(p in written for p in prefixes)
+
+
+def is_written_file(entry: os.DirEntry, written: Written) -> bool:
+    """Whether the folder entry is a plain file of the ``written`` names (or one's temporary)."""
+    name = entry.name
+    named = written.fullmatch(name) is not None if isinstance(written, re.Pattern) else name in written
+    return entry.is_file(follow_symlinks=False) and (named or is_temporary_of(name, written))
+
+
+def foreign_files(folder: str | os.PathLike, written: Written) -> list[str]:
+    """The entries of ``folder`` that are not files of the ``written`` names (sorted names)."""
+    return sorted(e.name for e in os.scandir(folder) if not is_written_file(e, written))
+
+
+def is_run_folder(path: str | os.PathLike) -> bool:
+    """Whether the folder holds a run: its :data:`RUN_MARKER`, or (a run written before the marker) its
+    ``config.json`` beside a ``checkpoints/`` folder holding only the checkpoints train writes."""
+    path = Path(path)
+    try:
+        if (path / RUN_MARKER).is_file():
+            return True
+        checkpoints = path / RUN_CHECKPOINTS
+        return ((path / RUN_CONFIG).is_file() and checkpoints.is_dir()
+                and not foreign_files(checkpoints, frozenset({RUN_BEST, RUN_LAST})))
+    except OSError:
+        return False
 
 
 def _resolved(path: str | os.PathLike) -> Path:
@@ -43,8 +88,7 @@ def artifact_kind(path: str | os.PathLike) -> str | None:
             return None
         if (path / PREPARED_MARKER).is_file():
             return PREPARED
-        if (path / RUN_MARKER).is_file() or ((path / "config.json").is_file()
-                                              and (path / "checkpoints").is_dir()):
+        if is_run_folder(path):
             return RUN
         if (path / "zarr.json").is_file() and _is_toolkit_store(path / "zarr.json"):
             return STORE
