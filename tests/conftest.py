@@ -13,7 +13,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("VSE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+#: pytest-xdist runs the suite in worker processes (``-n``): each gets its share of the cores
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // WORKERS)))
 
 # A suite started in the background without job control (`make test &`, some CI runners) inherits SIGINT
 # ignored, and so would every command it starts: the Ctrl-C tests need the disposition of a terminal,

@@ -67,20 +67,21 @@ def test_demo_pipeline_small(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     out = _run(path, capsys)
     assert out.count(": up to date") == 4, out
 
-    # another training setting: the finished run is not replaced without --overwrite
-    path.write_text(SMALL.format(epochs=4))
+    # another training setting (fewer epochs, to keep the test short): the finished run is not replaced
+    # without --overwrite
+    path.write_text(SMALL.format(epochs=1))
     err = _refused(path, capsys)
     assert "already holds a run" in err and "train pipeline small-demo --overwrite" in err
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 3
     out = _run(path, capsys, "--overwrite")
     assert "prep: up to date" in out and "features: up to date" in out
     assert "train: running" in out and "evaluate: running" in out
-    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 4
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1
 
     # features with another configuration: the complete store is kept, the stage refused
     store = tmp_path / "feats.zarr" / "zarr.json"
     before = store.read_bytes()
-    path.write_text(SMALL.format(epochs=4).replace("crops: 1, resize: 224", "crops: 1, resize: 256"))
+    path.write_text(SMALL.format(epochs=1).replace("crops: 1, resize: 224", "crops: 1, resize: 256"))
     err = _refused(path, capsys)
     assert "feats.zarr: the existing store was made with resize=224" in err and "--overwrite" in err
     assert store.read_bytes() == before
