@@ -16,9 +16,10 @@ A run directory holds::
 by, ``config.json``, ``checkpoints/``, ``best.pt`` and ``last.pt``, which it takes from
 :mod:`vsecore.outputs`: the output rules of every stage need them), recognises a run
 (:func:`vsecore.outputs.is_run_folder`: the marker, or for runs written before it existed,
-``config.json`` beside a ``checkpoints/`` folder holding only checkpoints), lists the entries train did not write, and applies the ``--out`` rule of a
-training run (:meth:`RunDir.prepare`) and of a command writing into a run's ``eval/``
-(:meth:`RunDir.check_eval_output`). ``docs/safety.md`` states the rules.
+``config.json`` beside a ``checkpoints/`` folder holding only checkpoints), lists the entries train
+did not write, and applies the ``--out`` rule of a training run (:meth:`RunDir.prepare`) and of a
+command writing into a run's ``eval/`` (:meth:`RunDir.check_eval_output`). ``docs/safety.md`` states
+the rules.
 """
 
 from __future__ import annotations
