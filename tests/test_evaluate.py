@@ -1,18 +1,25 @@
-"""The blocked ranking metrics against a naive per-query full sort, the protocols, the report and the CLI."""
+"""The blocked ranking metrics against a naive per-query full sort, and the protocols."""
 
 from __future__ import annotations
 
-import csv
-import json
-import math
 import os
 
 import numpy as np
 import pytest
 import torch
+from ranking_reference import (
+    correlated,
+    full_similarity,
+    naive_protocol,
+    naive_ranks,
+    naive_ranks_of,
+    naive_topk,
+    quiet,
+    random_embeddings,
+    tie_data,
+)
 
 import train.similarity as similarity_module
-from train.cli import main as train_main
 from train.evaluate import (
     OrderKernel,
     TileStats,
@@ -26,128 +33,9 @@ from train.evaluate import (
     unit_rows,
     vsepp_caption_image,
 )
-from train.evaluate.tables import format_results, results_json
+from train.evaluate.tables import results_json
 from train.similarity import similarity
 from vsecore.errors import UserError
-
-# --------------------------------------------------------------------------- naive reference
-
-
-def full_similarity(images, captions, measure: str, order_sqrt: bool = False) -> np.ndarray:
-    """The whole (N, M) matrix in one call of the eager kernel (the reference scores); the cosine is
-    that of unit rows, as the evaluator defines it (``unit_rows``, tested on its own below)."""
-    images, captions = torch.as_tensor(images), torch.as_tensor(captions)
-    if measure == "cosine":
-        images, captions = unit_rows(images.float()), unit_rows(captions.float())
-    return similarity(images, captions, measure, order_sqrt, fused=False).numpy()
-
-
-def naive_ranks_of(s: np.ndarray, caption_image: np.ndarray, gt_last: bool = True
-                   ) -> tuple[np.ndarray, np.ndarray]:
-    """Per query a full sort of the candidates by descending score; among equal scores the ground truth
-    comes LAST (pessimistic; ``gt_last=False``: first, the optimistic rank). The rank is the 1-based
-    position of the first ground truth."""
-    n, m = s.shape
-    i2t = np.empty(n, dtype=np.int64)
-    for i in range(n):
-        is_gt = caption_image == i
-        order = np.lexsort((is_gt if gt_last else ~is_gt, -s[i]))
-        i2t[i] = np.flatnonzero(is_gt[order])[0] + 1
-    t2i = np.empty(m, dtype=np.int64)
-    for c in range(m):
-        is_gt = np.arange(n) == caption_image[c]
-        order = np.lexsort((is_gt if gt_last else ~is_gt, -s[:, c]))
-        t2i[c] = np.flatnonzero(is_gt[order])[0] + 1
-    return i2t, t2i
-
-
-def naive_ranks(images, captions, caption_image, measure: str, order_sqrt: bool = False):
-    return naive_ranks_of(full_similarity(images, captions, measure, order_sqrt), caption_image)
-
-
-def naive_topk(s: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's k best columns by a dense sort: score descending, lower index first, NaN last."""
-    s = np.where(np.isnan(s), -np.inf, s)
-    order = np.stack([np.lexsort((np.arange(s.shape[1]), -row))[:k] for row in s])
-    return order, np.take_along_axis(s, order, 1)
-
-
-def naive_metrics(ranks: np.ndarray) -> dict[str, float]:
-    return {"r1": 100.0 * np.sum(ranks <= 1) / len(ranks), "r5": 100.0 * np.sum(ranks <= 5) / len(ranks),
-            "r10": 100.0 * np.sum(ranks <= 10) / len(ranks), "medr": math.floor(np.median(ranks)),
-            "meanr": float(ranks.sum()) / len(ranks)}
-
-
-def naive_protocol(images, captions, caption_image, measure, protocol, fold_size, order_sqrt=False):
-    n = images.shape[0]
-    ranges = {"1k": [(0, fold_size)], "5k": [(0, 5 * fold_size)], "all": [(0, n)],
-              "5cv": [(k * fold_size, (k + 1) * fold_size) for k in range(5)]}[protocol]
-    folds = []
-    for a, b in ranges:
-        keep = (caption_image >= a) & (caption_image < b)
-        i2t, t2i = naive_ranks(images[a:b], captions[keep], caption_image[keep] - a, measure, order_sqrt)
-        folds.append({"i2t": naive_metrics(i2t), "t2i": naive_metrics(t2i)})
-    return {d: {k: float(np.mean([f[d][k] for f in folds])) for k in folds[0][d]} for d in ("i2t", "t2i")}
-
-
-def random_embeddings(n: int, m: int, d: int, measure: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    im = rng.normal(size=(n, d)).astype(np.float32)
-    cap = rng.normal(size=(m, d)).astype(np.float32)
-    if measure == "order":  # order embeddings are non-negative
-        return np.abs(im), np.abs(cap)
-    return im / np.linalg.norm(im, axis=1, keepdims=True), cap / np.linalg.norm(cap, axis=1, keepdims=True)
-
-
-def correlated(im: np.ndarray, caption_image: np.ndarray, seed: int, measure: str) -> np.ndarray:
-    """Captions near their image, so that ranks spread between 1 and chance level."""
-    rng = np.random.default_rng(seed)
-    noise = rng.normal(size=(len(caption_image), im.shape[1]))
-    # order embeddings stay non-negative; the scales give median ranks of a few positions
-    noise = 1.5 * np.abs(noise) if measure == "order" else 0.75 * noise
-    return (im[caption_image] + noise).astype(np.float32)
-
-
-def dyadic_unit_rows(x: np.ndarray) -> np.ndarray:
-    """Each quarter-integer row of ``x`` (d >= 4) mapped, as a function of the row (so equal rows stay
-    equal), to a unit vector of four entries +-1/2: its norm is exactly 1, so the evaluator's cosine
-    uses it bit for bit, and every product of two such rows (a multiple of 1/4) is exact."""
-    d = x.shape[1]
-    supports = [c for c in np.ndindex(*(2,) * d) if sum(c) == 4]
-    out = np.zeros_like(x)
-    for r, row in enumerate(x):
-        code = int(np.dot((row * 4).astype(np.int64), 4 ** np.arange(d)))
-        support = np.flatnonzero(supports[code % len(supports)])
-        signs = np.array([1 if (code >> (4 + k)) & 1 else -1 for k in range(4)], np.float32)
-        out[r, support] = signs / 2
-    return out
-
-
-def tie_data(seed: int, n: int = 37, d: int = 6, shuffle: bool = True, unit: bool = False):
-    """Quarter-integer embeddings (every score exact in float32 whatever the summation order, so all
-    kernels agree bit for bit) with many exact ties: duplicate images, captions duplicated across
-    images, and a few captions equal to an image. ``unit``: rows of :func:`dyadic_unit_rows` (for
-    the cosine, which is computed on unit rows)."""
-    rng = np.random.default_rng(seed)
-    ci = np.repeat(np.arange(n), rng.integers(1, 8, size=n))
-    if shuffle:
-        rng.shuffle(ci)  # captions need not be grouped by image
-    im = rng.integers(0, 4, size=(n, d)).astype(np.float32) / 4
-    cap = rng.integers(0, 4, size=(len(ci), d)).astype(np.float32) / 4
-    im[5] = im[9]
-    im[11] = im[12]
-    for a in range(0, 40, 4):  # duplicate captions of different images
-        b = int(np.flatnonzero(ci != ci[a])[a % 7])
-        cap[b] = cap[a]
-    cap[3] = im[ci[3]]
-    if unit:
-        im, cap = dyadic_unit_rows(im), dyadic_unit_rows(cap)
-    return im, cap, ci
-
-
-def quiet(line: str) -> None:
-    """A log that drops the evaluator's warning lines."""
-
 
 # --------------------------------------------------------------------------- kernels
 
@@ -335,7 +223,6 @@ def test_cosine_does_not_depend_on_the_scale_of_the_embeddings(scale: float) -> 
 
 
 def test_unit_rows_are_used_bit_for_bit() -> None:
-    from train.evaluate import unit_rows
 
     t = torch.nn.functional.normalize(torch.randn(50, 16), dim=1)
     assert unit_rows(t) is t  # a model's own unit vectors: no copy, no rounding
@@ -579,149 +466,3 @@ def test_similarity_matrix_errors() -> None:
         evaluate_similarities(np.zeros((4, 20), np.float32), ci[::-1].copy())
     with pytest.raises(UserError, match="1k needs at least 1000 images, the similarity matrix has 4"):
         evaluate_similarities(np.zeros((4, 20), np.float32), ci, ["all", "1k"])
-
-
-# --------------------------------------------------------------------------- report and CLI
-
-
-def test_json_shape_and_table() -> None:
-    ci = vsepp_caption_image(24)
-    im, _ = random_embeddings(24, 120, 8, "cosine", seed=9)
-    cap = correlated(im, ci, 10, "cosine")
-    results = evaluate_protocols(im, cap, ci, "cosine", ["1k", "all"], fold_size=12, device="cpu")
-    data = results_json(results)
-    assert list(data) == ["1k", "all"]
-    for entry in data.values():
-        assert set(entry) == {"i2t", "t2i", "rsum"}
-        assert set(entry["i2t"]) == set(entry["t2i"]) == {"r1", "r5", "r10", "medr", "meanr", "ties"}
-    table = format_results(results, {"1k": chance_metrics(ci[:60], 12)})
-    assert "COCO-1k" in table and "chance (1k)" in table and "all (24 img)" in table
-    assert f"{results['1k'].metrics.rsum:.1f}" in table
-
-
-def test_cli_on_vsepp_files(tmp_path, capsys) -> None:
-    ci = vsepp_caption_image(30)
-    im, _ = random_embeddings(30, 150, 8, "order", seed=11)
-    cap = correlated(im, ci, 12, "order")
-    np.save(tmp_path / "img.npy", np.repeat(im, 5, axis=0))  # VSE++ saves each image five times
-    np.save(tmp_path / "cap.npy", cap)
-    out = tmp_path / "res.json"
-    files = ["--img-emb", str(tmp_path / "img.npy"), "--cap-emb", str(tmp_path / "cap.npy")]
-    code = train_main(["evaluate", *files, "--measure", "order", "--protocol", "1k,5cv", "--protocol", "all",
-                       "--fold-size", "6", "--json", str(out), "--device", "cpu"])
-    printed = capsys.readouterr().out
-    assert code == 0 and "taking every 5th row" in printed and "COCO-5cv" in printed
-    data = json.loads(out.read_text())
-    want = naive_protocol(im, cap, ci, "order", "5cv", fold_size=6)
-    assert data["5cv"]["t2i"]["meanr"] == pytest.approx(want["t2i"]["meanr"])
-    want_all = naive_protocol(im, cap, ci, "order", "all", 6)
-    assert data["all"]["i2t"]["r1"] == pytest.approx(want_all["i2t"]["r1"])
-
-    np.save(tmp_path / "short.npy", im[:29])
-    code = train_main(["evaluate", "--img-emb", str(tmp_path / "short.npy"), "--cap-emb",
-                       str(tmp_path / "cap.npy"), "--measure", "order"])
-    assert code == 2 and "29 images x 5 captions per image != 150" in capsys.readouterr().err
-
-
-def read_ranks(path) -> list[dict[str, str]]:
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
-
-
-def test_cli_ranks_csv_with_topk_on_embeddings_and_sims(tmp_path, capsys) -> None:
-    im, cap, ci = tie_data(12, n=30, shuffle=False, unit=True)
-    ci_k = vsepp_caption_image(30, 3)  # the CLI's layout: k captions per image
-    cap = cap[:90]
-    cap[3] = im[1]
-    np.save(tmp_path / "img.npy", im)
-    np.save(tmp_path / "cap.npy", cap)
-    s = full_similarity(im, cap, "cosine")
-    np.save(tmp_path / "sims.npy", s)
-    np.save(tmp_path / "sims_t.npy", np.ascontiguousarray(s.T))
-    common = ["--captions-per-image", "3", "--protocol", "5cv,all", "--fold-size", "6", "--topk", "4",
-              "--device", "cpu", "--block-images", "4", "--block-captions", "5"]
-    runs = {"emb": ["--img-emb", str(tmp_path / "img.npy"), "--cap-emb", str(tmp_path / "cap.npy"),
-                    "--measure", "cosine"],
-            "sims": ["--sims", str(tmp_path / "sims.npy")],
-            "sims_t": ["--sims", str(tmp_path / "sims_t.npy"), "--sims-transposed"]}
-    tables = {}
-    for name, source in runs.items():
-        path = tmp_path / f"{name}.csv"
-        assert train_main(["evaluate", *source, *common, "--ranks", str(path)]) == 0
-        out = capsys.readouterr().out
-        assert f"wrote {5 * (6 + 18) + 30 + 90} query rows" in out
-        tables[name] = read_ranks(path)
-    assert tables["emb"] == tables["sims"] == tables["sims_t"]
-    rows = tables["emb"]
-    assert list(rows[0]) == ["protocol", "fold", "direction", "query", "rank", "ties", "ground_truth", "topk",
-                             "topk_scores"]
-    i2t, t2i = naive_ranks_of(s, ci_k)
-    i2t_opt, _ = naive_ranks_of(s, ci_k, gt_last=False)
-    top_captions, top_scores = naive_topk(s, 4)
-    top_images, _ = naive_topk(s.T, 4)
-    everything = [r for r in rows if r["protocol"] == "all"]
-    for r in everything:
-        q = int(r["query"])
-        if r["direction"] == "i2t":
-            assert int(r["rank"]) == i2t[q] and int(r["ties"]) == i2t[q] - i2t_opt[q]
-            assert r["ground_truth"] == f"{3 * q} {3 * q + 1} {3 * q + 2}"
-            assert [int(x) for x in r["topk"].split()] == top_captions[q].tolist()
-            assert [np.float32(x) for x in r["topk_scores"].split()] == top_scores[q].tolist()
-        else:
-            assert int(r["rank"]) == t2i[q] and r["ground_truth"] == str(q // 3)
-            assert [int(x) for x in r["topk"].split()] == top_images[q].tolist()
-    assert len(everything) == 120 and sum(int(r["ties"]) > 0 for r in everything) > 3
-    # a 5cv fold: its own candidates only, indices still rows of the inputs
-    fold = [r for r in rows if r["protocol"] == "5cv" and r["fold"] == "2"]
-    fold_i2t, _ = naive_ranks_of(s[12:18, 36:54], ci_k[36:54] - 12)
-    assert [int(r["query"]) for r in fold if r["direction"] == "i2t"] == list(range(12, 18))
-    assert [int(r["rank"]) for r in fold if r["direction"] == "i2t"] == fold_i2t.tolist()
-    assert all(36 <= int(x) < 54 for r in fold if r["direction"] == "i2t" for x in r["topk"].split())
-
-    code = train_main(["evaluate", "--sims", str(tmp_path / "sims_t.npy"), "--captions-per-image", "3"])
-    assert code == 2 and "transposed; give --sims-transposed" in capsys.readouterr().err
-    code = train_main(["evaluate", *runs["sims"], "--captions-per-image", "3", "--measure", "cosine"])
-    assert code == 2 and "drop --measure" in capsys.readouterr().err
-    code = train_main(["evaluate", *runs["sims"], "--captions-per-image", "3", "--topk", "5"])
-    assert code == 2 and "give one of them" in capsys.readouterr().err
-    code = train_main(["evaluate", *runs["sims"], "--captions-per-image", "3", "--protocol", "5k"])
-    assert code == 2 and "5000 images, the similarity matrix has 30" in capsys.readouterr().err
-    code = train_main(["evaluate", *runs["sims"], *runs["emb"]])
-    assert code == 2 and "not --img-emb/--cap-emb and --sims" in capsys.readouterr().err
-
-
-def test_cli_prints_the_warnings_under_the_table(tmp_path, capsys) -> None:
-    im, cap = random_embeddings(20, 100, 8, "cosine", seed=26)
-    np.save(tmp_path / "img.npy", im)
-    np.save(tmp_path / "const.npy", np.repeat(cap[:1], 100, axis=0))  # a collapsed caption encoder
-    code = train_main(["evaluate", "--img-emb", str(tmp_path / "img.npy"), "--cap-emb",
-                       str(tmp_path / "const.npy"), "--measure", "cosine", "--device", "cpu", "--json",
-                       str(tmp_path / "r.json")])
-    lines = capsys.readouterr().out.splitlines()
-    assert code == 0
-    table = next(k for k, line in enumerate(lines) if line.startswith("all (20 img)"))
-    warnings = [k for k, line in enumerate(lines) if line.startswith("warning:")]
-    assert len(warnings) == 2 and table < min(warnings) and max(warnings) < len(lines) - 1
-    assert "i2t 20 of 20 queries (100.0%, all)" in lines[warnings[1]]
-    assert lines[-1].startswith("evaluated 20 images x 100 captions")
-    data = json.loads((tmp_path / "r.json").read_text())["all"]
-    assert data["i2t"]["r1"] == 0.0 and data["i2t"]["meanr"] == 96 and data["i2t"]["ties"] == 20
-
-
-def test_trainer_validation_warns_once_per_evaluation(capsys) -> None:
-    """The trainer's validation (COCO-5cv here: five folds) prints the tie warning once, on stderr."""
-    from types import SimpleNamespace
-
-    from train.inference import retrieval_metrics
-
-    rng = np.random.default_rng(27)
-    im = rng.integers(0, 4, size=(5000, 4)).astype(np.float32) / 4  # few distinct rows: ties everywhere
-    cap = rng.integers(0, 4, size=(25000, 4)).astype(np.float32) / 4
-    settings = SimpleNamespace(measure="cosine", order_sqrt=False, val_protocol="5cv")
-    for _ in range(2):  # two validations (epochs): one line each
-        results = retrieval_metrics(torch.from_numpy(im), torch.from_numpy(cap), vsepp_caption_image(5000),
-                                    settings, device=torch.device("cpu"))
-        assert results["5cv"].metrics.t2i.ties > 4000
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
-    assert len(lines) == 2
-    assert all("tied by another candidate" in line and "COCO-5cv" in line for line in lines)
