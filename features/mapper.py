@@ -43,6 +43,14 @@ def pinned_threads(threads: int | None) -> Iterator[None]:
             torch.set_num_threads(before)
 
 
+def check_pass_options(batch_size: int, threads: int | None) -> None:
+    """One-line errors for a mapper's ``--batch-size`` below 1 and ``--threads`` below 1 (every mapper's)."""
+    if batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, not {batch_size}")
+    if threads is not None and threads < 1:
+        raise UserError(f"--threads must be at least 1, not {threads}")
+
+
 class ImageMapper:
     """Images -> averaged crop features, float32.
 
@@ -72,10 +80,7 @@ class ImageMapper:
             raise UserError(f"unknown feature kind {kind!r}: use one of {', '.join(KINDS)}")
         if crops not in (1, 10):
             raise UserError(f"--crops must be 1 or 10, not {crops}")
-        if batch_size < 1:
-            raise UserError(f"--batch-size must be at least 1, not {batch_size}")
-        if threads is not None and threads < 1:
-            raise UserError(f"--threads must be at least 1, not {threads}")
+        check_pass_options(batch_size, threads)
         self.threads = threads
         self.backbone = backbone
         self.kind = kind

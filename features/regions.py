@@ -71,7 +71,7 @@ from torch import nn
 
 from features.backbones import Backbone, VGGFc7, load_backbone
 from features.crops import to_normalized_tensor
-from features.mapper import pinned_threads
+from features.mapper import check_pass_options, pinned_threads
 from vsecore.device import resolve_device
 from vsecore.errors import UserError
 
@@ -154,10 +154,7 @@ class GridRegionMapper:
 
     def __init__(self, backbone: Backbone, batch_size: int = 32, device: str | torch.device | None = "cpu",
                  amp: bool = False, threads: int | None = None) -> None:
-        if batch_size < 1:
-            raise UserError(f"--batch-size must be at least 1, not {batch_size}")
-        if threads is not None and threads < 1:
-            raise UserError(f"--threads must be at least 1, not {threads}")
+        check_pass_options(batch_size, threads)
         self.threads = threads
         self.backbone = backbone
         self.batch_size = batch_size

@@ -394,17 +394,16 @@ def load_classification_run(run_dir: str | Path, checkpoint: str = "best", devic
                             ) -> ClassificationRun:
     """Rebuild the classifier of ``run_dir`` from ``checkpoints/<checkpoint>.pt``."""
     run_dir = Path(run_dir)
-    if checkpoint not in ("best", "last"):
-        raise UserError(f"unknown checkpoint '{checkpoint}' (expected best or last)")
+    path = RunDir(run_dir).checkpoint(checkpoint)
     config = read_config(run_dir)
     settings = classify_settings_from_config(config["settings"])
     dev = resolve_device(device)
-    state = load_checkpoint(RunDir(run_dir).checkpoint(checkpoint), map_location="cpu")
+    state = load_checkpoint(path, map_location="cpu")
     model = build_classifier(settings, int(config["vocab_size"]), len(config["labels"]))
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as exc:
-        raise UserError(f"{run_dir}/checkpoints/{checkpoint}.pt does not fit the model this code builds: "
+        raise UserError(f"{path} does not fit the model this code builds: "
                         f"{str(exc).splitlines()[0]}") from None
     model.to(dev).eval()
     return ClassificationRun(run_dir=run_dir, settings=settings, config=config, model=model, device=dev,

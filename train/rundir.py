@@ -102,8 +102,12 @@ class RunDir:
         return self.path / CHECKPOINTS
 
     def checkpoint(self, which: str) -> Path:
-        """``checkpoints/best.pt`` or ``checkpoints/last.pt`` (``which``: best, last or the file name)."""
-        return self.checkpoints / (which if which.endswith(".pt") else f"{which}.pt")
+        """``checkpoints/best.pt`` or ``checkpoints/last.pt`` (``which``: best, last or the file name; a
+        :class:`UserError` for another)."""
+        name = which if which.endswith(".pt") else f"{which}.pt"
+        if name not in _CHECKPOINT_FILES:
+            raise UserError(f"unknown checkpoint '{which}' (expected best or last)")
+        return self.checkpoints / name
 
     @property
     def best(self) -> Path:

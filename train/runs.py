@@ -457,24 +457,23 @@ def load_run(run_dir: str | os.PathLike, checkpoint: str = "best", device: str =
         from train.model_export import load_model_folder
 
         return load_model_folder(run_dir, checkpoint, device)
+    path = RunDir(run_dir).checkpoint(checkpoint)
     if read_config(run_dir).get("task") == "classify":
         from train.classify import load_classification_run
 
         return load_classification_run(run_dir, checkpoint, device)  # type: ignore[return-value]
-    if checkpoint not in ("best", "last"):
-        raise UserError(f"unknown checkpoint '{checkpoint}' (expected best or last)")
     config = read_config(run_dir)
     settings = settings_from_config(config["settings"])
     dev = resolve_device(device)
-    state = load_checkpoint(RunDir(run_dir).checkpoint(checkpoint), map_location="cpu")
+    state = load_checkpoint(path, map_location="cpu")
     vocab_size, feature_shape = model_sizes(config)
     model = build_model(settings, vocab_size, feature_shape)
-    check_model_state(model, state["model"], f"{run_dir}/checkpoints/{checkpoint}.pt")
+    check_model_state(model, state["model"], str(path))
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as exc:
         first = str(exc).splitlines()[1].strip() if len(str(exc).splitlines()) > 1 else str(exc)
-        raise UserError(f"{RunDir(run_dir).checkpoint(checkpoint)} does not fit the model this code builds "
+        raise UserError(f"{path} does not fit the model this code builds "
                         f"(trained with code {config.get('code_version', '?')}): {first}") from None
     model.to(dev).eval()
     return LoadedRun(run_dir=run_dir, settings=settings, config=config, model=model, device=dev,
