@@ -120,3 +120,30 @@ def test_a_run_records_the_defaults_its_help_shows(tmp_path: Path) -> None:
         for key, text in _help_defaults(family).items():
             if key in recorded and key not in given and recorded[key] is not None:
                 assert shown(recorded[key]) == text, (family, key, recorded[key], text)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_help_keeps_every_description_but_its_default_note(family: str) -> None:
+    """``--help`` replaces only a setting's own "(default ...)" note, with the resolved value: the rest of
+    its description is shown, and a note that explains more than the value (``(default 1: every train
+    word)``) would lose that text, so such a note is kept only where no value resolves without data, or
+    where the family's ``help_notes`` add that text to the value."""
+    import re
+
+    from train.fit_options import _DEFAULT_NOTE, NOT_SETTINGS, resolved_defaults
+    from train.models.family import get_family
+
+    sub, _ = _subcommands(train_parser())[family]
+    resolved = resolved_defaults(family)
+    fields = type(resolved).model_fields
+    for action in sub._actions:
+        key = action.dest
+        if key not in fields or key in NOT_SETTINGS:
+            continue
+        description = (fields[key].description or "").replace("%", "%%")
+        note = _DEFAULT_NOTE.search(description)
+        kept = description[:note.start()] if note else description
+        assert (action.help or "").startswith(kept), (family, key, action.help)
+        if note and getattr(resolved, key) is not None and key not in get_family(family).help_notes:
+            explained = note.group(0).strip().removeprefix("(default").lstrip(":")
+            assert not re.search(r"[:;]", explained), (family, key, note.group(0))

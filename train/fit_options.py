@@ -90,7 +90,8 @@ COMMON_GROUPS: dict[str, tuple[str, ...]] = {
     "validation": ("val_protocol", "val_images"),
     "run": ("out", "checkpoint_every", "device", "amp", "workers"),
 }
-#: common fields no group lists: only the families that use them offer them
+#: common fields no group lists: only the families that read words offer them (seam, vse, clmr; liwe
+#: ``max_words``)
 FAMILY_OFFERED = ("max_words", "min_word_count")
 
 
@@ -111,11 +112,11 @@ def common_options(p: argparse.ArgumentParser) -> None:
     like a family's own by :func:`field_option`), then those that are not settings (``--resume``,
     ``--overwrite``, ``--dry-run`` and its sizes, ``--pipeline``)."""
     fields = TrainSection.model_fields
+    groups = {title: p.add_argument_group(title) for title in COMMON_GROUPS}
     for title, names in COMMON_GROUPS.items():
-        group = p.add_argument_group(title)
         for name in names:
-            field_option(group, name, fields[name])
-    _run_options(group)
+            field_option(groups[title], name, fields[name])
+    _run_options(groups["run"])
     add_pipeline_arguments(p)
 
 
@@ -171,8 +172,7 @@ def show_resolved_defaults(parser: argparse.ArgumentParser, family: str) -> None
         if key not in type(resolved).model_fields or key in NOT_SETTINGS:
             continue
         value = getattr(resolved, key)
-        text = _DEFAULT_NOTE.sub("", action.help or "")
-        if value is None:
-            action.help = text
+        if value is None:  # no value without data: the description's own note says what is used
             continue
+        text = _DEFAULT_NOTE.sub("", action.help or "")
         action.help = f"{text} (default {shown(value)}{notes.get(key, '')})"

@@ -48,7 +48,7 @@ class TrainSection(Section):
     max_words: int = Field(100, ge=1, description="captions are cut to this many words")
     #: word models: words seen fewer times in the train split map to <unk>
     min_word_count: int = Field(1, ge=1, description="words seen fewer times in the train split map to "
-                                "<unk> (default 1: every train word)")
+                                "<unk> (1: every train word)")
     captions_per_epoch: Literal["all", "one"] = Field(
         "all", description="'all': every caption once per epoch (CHAIN-VSE, OECC, SEAM); 'one': one random "
         "caption per image per epoch (FNE paper)")

@@ -253,8 +253,8 @@ class RegionFamilyConfig(FamilyConfig):
 
     #: the hard-negative weight lambda = 1 - eta^iteration of J = lambda J_max + (1 - lambda) J_sum
     eta: float = Field(0.991, ge=0, le=1, description="hard-negative schedule: J = lambda J_max + (1 - "
-                       "lambda) J_sum with lambda = 1 - eta^iteration (default 0.991; 1: sum of hinges only, "
-                       "0: max of hinges only)")
+                       "lambda) J_sum with lambda = 1 - eta^iteration (1: sum of hinges only, 0: max of "
+                       "hinges only)")
     #: languages of the image-text training captions (default: ``lang`` only, as the paper's Eq. 8 and LAVSE)
     langs: list[str] | None = Field(
         None, min_length=1, json_schema_extra={"metavar": "LANG[,LANG]"},
@@ -361,10 +361,10 @@ def scheduled_objective(settings: Any) -> Objective:
 
 CLMR = Family("clmr", "CLMR: word embeddings + BiGRU, non-local region image encoder, cosine, eta schedule, "
               "cross-language loss", ClmrConfig, clmr_spec, defaults=region_defaults,
-              objective=scheduled_objective)
+              objective=scheduled_objective, common_options=("max_words", "min_word_count"))
 LIWE = Family("liwe", "LIWE: character-built word embeddings + BiGRU, non-local region image encoder, "
               "cosine, eta schedule, cross-language loss", LiweConfig, liwe_spec, defaults=region_defaults,
-              objective=scheduled_objective, data_defaults=liwe_data_defaults)
+              objective=scheduled_objective, data_defaults=liwe_data_defaults, common_options=("max_words",))
 
 
 # --- counts, C_w and spelling ------------------------------------------------------------------------

@@ -331,4 +331,5 @@ def seam_spec(settings: Any) -> ModelSpec:
 
 
 FAMILY = Family("seam", "SEAM: self-attentive word-embedding text encoders (E, C, G), order embeddings",
-                SeamConfig, seam_spec, defaults=seam_defaults, common_options=("max_words", "min_word_count"))
+                SeamConfig, seam_spec, defaults=seam_defaults, common_options=("max_words", "min_word_count"),
+                help_notes={"hops": "; by --variant: E 30, C 5, G 30"})
