@@ -38,7 +38,7 @@ from features.crops import image_crops  # noqa: E402
 from features.images import load_image  # noqa: E402
 from features.mapper import ImageMapper  # noqa: E402
 from features.run import run_features  # noqa: E402
-from pipelines.schema import FeaturesSection  # noqa: E402
+from features.settings import FeaturesSection  # noqa: E402
 from vsecore.device import resolve_device  # noqa: E402
 
 

@@ -20,7 +20,7 @@ from vsecore.errors import UserError
 
 if TYPE_CHECKING:
     from features.extract import Mapper
-    from pipelines.schema import FeaturesSection
+    from features.settings import FeaturesSection
 
 #: the network of ``features regions --detector grid`` when no --cnn is given: its ImageNet weights install
 #: offline (see README), and its 7 x 7 x 1280 last feature map gives 49 regions

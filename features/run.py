@@ -1,6 +1,6 @@
 """``features cnn|fne|regions`` as a library: images of a prepared dataset -> a feature store.
 
-:func:`run_features` is the whole extraction for one validated :class:`~pipelines.schema.FeaturesSection`:
+:func:`run_features` is the whole extraction for one validated :class:`~features.settings.FeaturesSection`:
 the mapper's recipe from :mod:`features.recipe`, blocks mapped and written by
 :func:`features.extract.extract` in this process or on a Dask cluster, the FNE statistics and ternary
 code after them;
@@ -25,8 +25,8 @@ from features.executors import cached_mapper, check_scheduler, open_executor
 from features.extract import ExtractSummary, Mapper, extract, finish_fne, retry_failures, write_ternary
 from features.images import check_sizes
 from features.recipe import SPEED_KEYS, ImageMapperFactory, recorded_settings
+from features.settings import FeaturesSection
 from features.store import FeatureStore
-from pipelines.schema import FeaturesSection
 from prep.dataset import DATASET_FILE, PreparedDataset
 from vsecore.device import resolve_device
 from vsecore.errors import UserError

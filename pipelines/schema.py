@@ -28,214 +28,24 @@ import argparse
 import os
 import re
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
-    Field,
     PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
 )
 
-from train.settings import TrainSection
+from features.settings import FeaturesSection
+from prep.settings import PrepSection
+from train.settings import ClassifySection, CompareSection, EvaluateSection, TrainSection
 from vsecore.errors import UserError
 from vsecore.io import read_text
 from vsecore.schema import Section
-
-DATASETS = ("coco", "f8k", "f30k", "multi30k", "yjcaptions", "synthetic", "karpathy", "textcls")
-PROTOCOLS = ("1k", "5cv", "5k", "all")
-
-
-class PrepSection(Section):
-    """Options of ``prep <dataset>``."""
-
-    path_fields: ClassVar[tuple[str, ...]] = (
-        "out", "karpathy", "annotations", "split_file", "images", "token_file", "split_dir",
-        "root", "yj", "coco_karpathy", "flat", "train_file", "test_file", "classes_file",
-    )
-    dataset: Literal["coco", "f8k", "f30k", "multi30k", "yjcaptions", "synthetic", "karpathy", "textcls"]
-    out: str
-    #: karpathy: the dataset's name (default: the file's "dataset" field) and its captions' language
-    name: str | None = None
-    lang: Literal["en", "de", "ja"] = "en"
-    # coco / f8k / f30k inputs
-    karpathy: str | None = None
-    annotations: list[str] | None = None
-    split_file: str | None = None
-    flat: list[str] | None = None
-    flat_val_images: int = 100
-    images: str | None = None
-    restval: bool = True
-    #: coco: keep every caption of an image instead of the first ``captions_per_image``
-    all_captions: bool = False
-    token_file: str | None = None
-    split_dir: str | None = None
-    # multi30k
-    root: str | None = None
-    # yjcaptions
-    yj: str | None = None
-    coco_karpathy: str | None = None
-    val_images: int = 1000
-    test_images: int = 1000
-    # synthetic
-    num_images: int = 1200
-    image_size: int = 128
-    #: synthetic: captions drawn per image and language (1..5); coco: the first K kept per image
-    #: (the VSE++/SCAN protocol: 5; Karpathy's file gives a few images 6 or 7)
-    captions_per_image: int = Field(5, ge=1)
-    languages: list[str] = Field(default_factory=lambda: ["en", "de", "ja"])
-    # textcls (text classification, prep.textcls): Zhang et al. CSV (train/test + classes.txt) or a
-    # generic CSV/TSV with a header; val carved from train (stratified, seeded); test_fraction splits a
-    # single file
-    text_format: Literal["zhang", "csv", "tsv"] = "zhang"
-    train_file: str | None = None
-    test_file: str | None = None
-    classes_file: str | None = None
-    label_col: str | None = None
-    text_cols: list[str] | None = None
-    lang_col: str | None = None
-    val_fraction: float = Field(0.05, gt=0, lt=1)
-    test_fraction: float | None = Field(None, gt=0, lt=1)
-    # common
-    seed: int = 0
-    strict: bool = False
-    lowercase: bool = True
-    #: a token / character of the train split enters the vocabulary when seen at least this often
-    min_word_count: int = Field(1, ge=1)
-    min_char_count: int = Field(1, ge=1)
-
-
-class FeaturesSection(Section):
-    """Options of ``features cnn|fne|regions``."""
-
-    path_fields: ClassVar[tuple[str, ...]] = ("data", "out", "weights")
-    kind: Literal["cnn", "fne", "regions"] = "cnn"
-    data: str | None = None
-    out: str
-    cnn: str = "vgg19"
-    weights: str = "imagenet"
-    allow_download: bool = False
-    crops: Literal[1, 10] = 10
-    resize: int | None = None
-    input_size: int | None = None
-    batch_size: int = 32
-    block_size: int = 256
-    device: str = "auto"
-    amp: bool = False
-    scheduler: str = "none"
-    workers: int = 2
-    threads: int | None = None
-    on_error: Literal["record", "fail"] = "record"
-    threshold_low: float = -0.25
-    threshold_high: float = 0.15
-    # regions: grid (cells of the cnn's last feature map; cnn defaults to efficientnet_lite0 there) or
-    # fasterrcnn (torchvision's fasterrcnn_resnet50_fpn, also accepted by that name), then the
-    # bottom-up-attention selection rules of fasterrcnn; fixed_boxes K (null: min..max_boxes)
-    detector: str = "grid"
-    score_threshold: float = 0.2
-    nms_threshold: float = 0.3
-    min_boxes: int = 10
-    max_boxes: int = 100
-    fixed_boxes: int | None = 36
-
-
-#: ``train classify --encoder``: the registered text encoders a classifier can read texts with
-CLASSIFY_ENCODERS = ("chain", "oecc", "seam", "gru")
-
-
-class ClassifySection(Section):
-    """Options of ``train classify`` (CHAIN-VSE section 5): a registered text encoder + a softmax head.
-
-    The encoder's options are those of its retrieval family (``version``/``p`` of chain, ``arch`` of
-    oecc, ``variant``/``hops``/``penalty``/``gru_units`` of seam; ``gru``: word embedding + GRU of
-    ``gru_units`` units, the UVS encoder); the loop is the retrieval trainer's, with the validation
-    accuracy in place of the rsum.
-    """
-
-    path_fields: ClassVar[tuple[str, ...]] = ("data", "out")
-    #: keys only some encoders accept
-    encoder_keys: ClassVar[dict[str, tuple[str, ...]]] = {
-        "version": ("chain",), "p": ("chain",), "arch": ("oecc",), "variant": ("seam",), "hops": ("seam",),
-        "penalty": ("seam",), "word_dim": ("gru",),
-    }
-    #: what the shared trainer reads of a retrieval run's settings: every text once per epoch; one phase
-    captions_per_epoch: ClassVar[str] = "all"
-    finetune_lr: ClassVar[None] = None
-    encoder: Literal["chain", "oecc", "seam", "gru"] = "chain"
-    data: str | None = None
-    out: str
-    version: Literal["v1", "v2"] = "v1"
-    p: float = Field(1.0, gt=0)
-    arch: Literal["A", "B", "C", "D"] = "D"
-    variant: Literal["E", "C", "G"] = "E"
-    hops: int | None = Field(None, ge=1)
-    penalty: float = Field(0.0, ge=0)
-    #: GRU units of seam G and of the gru encoder
-    gru_units: int = Field(512, ge=1)
-    #: word embedding size of the gru encoder
-    word_dim: int = Field(300, ge=1)
-    #: dropout before the softmax layer
-    dropout: float = Field(0.5, ge=0, lt=1)
-    #: character encoders read at most this many characters (Zhang et al.'s 1014)
-    max_chars: int = Field(1014, ge=1)
-    max_words: int = Field(200, ge=1)
-    min_word_count: int = Field(1, ge=1)
-    #: language of new texts given to a word encoder (predict, noise); the dataset's rows carry their own
-    lang: str = "en"
-    batch_size: int = Field(128, ge=1)
-    lr: float = Field(1e-3, gt=0)
-    lr_schedule: Literal["plateau", "step", "constant"] = "plateau"
-    lr_decay_patience: int = Field(2, ge=1)
-    lr_step: int = Field(15, ge=1)
-    early_stop: int = Field(4, ge=1)
-    epochs: int = Field(20, ge=1)
-    grad_clip: float | None = Field(5.0, ge=0)
-    checkpoint_every: int = Field(200, ge=1)
-    seed: int = 0
-    device: str = "auto"
-    amp: bool = False
-    workers: int = Field(0, ge=0)
-
-    @model_validator(mode="after")
-    def _encoder_keys(self) -> ClassifySection:
-        for key, encoders in self.encoder_keys.items():
-            if key in self.model_fields_set and self.encoder not in encoders:
-                raise ValueError(f"'{key}' applies to encoder {'/'.join(encoders)}, not '{self.encoder}'")
-        return self
-
-
-class EvaluateSection(Section):
-    """Options of the final evaluation of a pipeline's run."""
-
-    split: Literal["val", "test"] = "test"
-    protocols: list[Literal["1k", "5cv", "5k", "all"]] = Field(default_factory=lambda: ["all"])
-    noise: str | None = None
-    length_analysis: bool = False
-
-
-class CompareSection(Section):
-    """Options of ``train compare`` as a pipeline stage (:mod:`train.compare`).
-
-    ``data`` defaults to ``prep.out``, ``features`` to the ``features`` stage's store and ``regions`` to
-    the ``regions`` stage's (a second feature stage, of kind ``regions``, for the region families).
-    """
-
-    path_fields: ClassVar[tuple[str, ...]] = ("data", "features", "regions", "out")
-    #: family names (their defaults) or pipeline names of the same file; None: every registered family
-    families: list[str] | None = Field(None, min_length=1)
-    epochs: int | None = Field(None, ge=1)
-    seed: int = 0
-    seeds: int = Field(1, ge=1)
-    noise: str = "0.05:0.25:0.05"
-    device: str = "auto"
-    data: str | None = None
-    features: str | None = None
-    regions: str | None = None
-    out: str
 
 
 def _store_key(section: FeaturesSection) -> str:

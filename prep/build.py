@@ -15,8 +15,8 @@ from collections import Counter
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-from pipelines.schema import PrepSection
 from prep.dataset import FORMAT_VERSION, SPLITS
+from prep.settings import PrepSection
 from prep.sources import RawCaption, RawDataset, RawImage
 from prep.tokenize import lone_surrogate, normalize, strip_controls, tokenize, transliterate
 from vsecore.console import progress

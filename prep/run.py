@@ -1,4 +1,4 @@
-"""The ``prep`` stage for one validated :class:`~pipelines.schema.PrepSection` (``docs/ARCHITECTURE.md``).
+"""The ``prep`` stage for one validated :class:`~prep.settings.PrepSection` (``docs/ARCHITECTURE.md``).
 
 :func:`run_prep` checks ``--out``, reads the source (:func:`prep.build.read_source`), builds the
 dataset (:func:`prep.build.build_dataset`), the train-only vocabularies and the ``prep.json`` record,
@@ -15,7 +15,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipelines.schema import PrepSection
 from prep import __version__
 from prep.build import (
     LIST_FIRST,
@@ -35,6 +34,7 @@ from prep.dataset import (
     foreign_entries,
     is_prepared_dataset,
 )
+from prep.settings import PrepSection
 from prep.sources import RawDataset
 from prep.vocab import build_char_vocabulary, build_word_vocabulary, check_coverage
 from vsecore import console

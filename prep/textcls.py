@@ -32,7 +32,6 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.schema import PrepSection
 from prep import __version__
 from prep.dataset import (
     CHARS_FILE,
@@ -45,6 +44,7 @@ from prep.dataset import (
     Vocabulary,
     load_vocabulary,
 )
+from prep.settings import PrepSection
 from prep.sources.textcls import RawText, read_classes, read_generic, read_zhang_csv
 from prep.tokenize import normalize
 from prep.vocab import build_char_vocabulary, build_word_vocabulary

@@ -14,8 +14,8 @@ import argparse
 from pathlib import Path
 
 from train.checkpoint import convert_checkpoint
+from train.run_args import add_run_arguments, run_from_arguments
 from train.rundir import RunDir
-from train.runs import add_run_arguments, run_from_arguments
 from vsecore import console
 from vsecore.errors import UserError
 from vsecore.io import exclusive_lock

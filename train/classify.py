@@ -25,7 +25,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipelines.schema import ClassifySection
 from prep.dataset import CHARS_FILE, DATASET_FILE, WORDS_FILE
 from prep.textcls import TextClsDataset
 from train.checkpoint import load_checkpoint, remove_stale_temporaries
@@ -41,6 +40,7 @@ from train.runs import (
     read_config,
     write_config,
 )
+from train.settings import ClassifySection
 from train.textcls_metrics import classification_metrics, format_metrics
 from train.trainer import Trainer, write_evaluation
 from vsecore import console

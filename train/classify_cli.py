@@ -11,7 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-from pipelines.schema import CLASSIFY_ENCODERS, add_pipeline_arguments, stage_settings
+from pipelines.schema import add_pipeline_arguments, stage_settings
+from train.settings import CLASSIFY_ENCODERS
 from vsecore import console
 from vsecore.device import DEVICE_HELP
 from vsecore.errors import HelpFormatter, UserError
@@ -33,7 +34,7 @@ def _classify_command(args: argparse.Namespace) -> int:
         for key, value in stored["settings"].items():  # options not given again: the run's own
             if hasattr(args, key) and getattr(args, key) is None and key != "out":
                 setattr(args, key, value)
-        from pipelines.schema import ClassifySection
+        from train.settings import ClassifySection
 
         for key, encoders in ClassifySection.encoder_keys.items():
             if args.encoder not in encoders and getattr(args, key, None) == stored["settings"].get(key):
@@ -45,7 +46,8 @@ def _classify_command(args: argparse.Namespace) -> int:
 
 
 def _predict_command(args: argparse.Namespace) -> int:
-    from train.runs import load_run, run_from_arguments
+    from train.run_args import run_from_arguments
+    from train.runs import load_run
 
     run_dir = run_from_arguments(args)
     if (args.text is None) == (args.file is None):
@@ -198,7 +200,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Classify texts with a `train classify` run: one line per text, 'LABEL<TAB>PROBABILITY"
         "<TAB>TEXT', or with --json one JSON object per text with every class's probability.",
         formatter_class=HelpFormatter)
-    from train.runs import add_run_arguments
+    from train.run_args import add_run_arguments
 
     add_run_arguments(q)
     q.add_argument("--text", nargs="+", default=None, metavar="TEXT", help="texts to classify")

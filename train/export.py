@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from train.runs import add_run_arguments, run_from_arguments
+from train.run_args import add_run_arguments, run_from_arguments
 from vsecore import console
 from vsecore.device import DEVICE_HELP
 from vsecore.io import atomic_file, write_json_atomic

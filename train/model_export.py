@@ -36,11 +36,10 @@ import torch
 from prep.dataset import Vocabulary
 from train.checkpoint import check_model_state
 from train.data import TextCodec
+from train.run_args import add_run_arguments, run_from_arguments
 from train.runs import (
     LoadedRun,
-    add_run_arguments,
     model_sizes,
-    run_from_arguments,
     settings_from_config,
     validate_config,
 )

@@ -2,7 +2,7 @@
 
 Python::
 
-    from train.runs import load_run, run_from_arguments
+    from train.runs import load_run
     run = load_run("runs/coco-sample-chain")
     run.encode_text(["a dog on a beach"])            # (1, d) caption embeddings
     run.encode_images(["photo.jpg"])                 # (1, d) image embeddings (same extractor as the store)
@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from train.runs import add_run_arguments, store_path
+from train.run_args import add_run_arguments
+from train.runs import store_path
 from train.similarity import similarity
 from vsecore.device import DEVICE_HELP
 from vsecore.errors import UserError
@@ -209,7 +210,8 @@ def format_hits(query: str, hits: Sequence[Hit]) -> str:
 
 
 def _command(args: argparse.Namespace) -> int:
-    from train.runs import load_run, run_from_arguments
+    from train.run_args import run_from_arguments
+    from train.runs import load_run
 
     if not args.text and not args.image:
         raise UserError("give --text TEXT or --image PATH (repeatable)")

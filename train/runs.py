@@ -19,7 +19,6 @@ import numpy as np
 import torch
 
 from features.spec import FeatureSpec
-from pipelines.schema import ClassifySection
 from prep.dataset import CHARS_FILE, DATASET_FILE, WORDS_FILE, PreparedDataset
 from train.checkpoint import check_model_state, load_checkpoint
 from train.data import (
@@ -33,7 +32,7 @@ from train.data import (
 from train.inference import embed_caption_set, embed_codes
 from train.models.family import families_with_key, model_spec, train_settings
 from train.rundir import CONFIG, RunDir
-from train.settings import TrainSection
+from train.settings import ClassifySection, TrainSection
 from vsecore import console
 from vsecore.device import resolve_device
 from vsecore.errors import UserError
@@ -41,38 +40,6 @@ from vsecore.io import read_text, sha256_file, write_json_atomic
 
 #: settings that may change when a run resumes: where it runs and how long it may go on
 RESUMABLE_CHANGES = ("out", "device", "workers", "epochs", "checkpoint_every")
-
-
-def add_run_arguments(parser: Any) -> None:
-    """``--run RUN_DIR`` or ``--pipeline NAME`` (its ``train.out``), for the commands that read a run."""
-    from pipelines.schema import add_pipeline_arguments
-
-    parser.add_argument("--run", metavar="RUN_DIR", help="a run directory written by `train <family>` (or a "
-                        "model folder written by `train export-model`, for evaluation and queries)")
-    add_pipeline_arguments(parser)
-    parser.add_argument(ACCEPT_CHANGED, dest="accept_changed", action="store_true",
-                        help="use the run even when its prepared dataset or feature store changed since it "
-                             "was trained (a warning instead of an error; the numbers may be meaningless)")
-
-
-def run_from_arguments(args: Any, required: bool = True) -> Path | None:
-    """The run directory that ``--run`` or ``--pipeline`` names (a :class:`UserError` for both/neither)."""
-    from pipelines.schema import get_pipeline
-
-    if args.pipeline:
-        if args.run:
-            raise UserError("give --run or --pipeline, not both")
-        pipe = get_pipeline(args.pipeline, args.pipelines)
-        if pipe.train is None and pipe.classify is not None:  # a text classification pipeline
-            return Path(pipe.classify.out)
-        if pipe.train is None:
-            raise UserError(f"pipeline '{args.pipeline}' has no train section, so no run")
-        return Path(pipe.train.out)
-    if args.run:
-        return Path(args.run)
-    if required:
-        raise UserError("give --run RUN_DIR or --pipeline NAME")
-    return None
 
 
 def default_run_dir(family: str) -> str:
@@ -231,7 +198,7 @@ def validate_config(config: Any, path: str | os.PathLike) -> dict[str, Any]:
 
 
 def classify_settings_from_config(values: dict[str, Any]) -> ClassifySection:
-    """The :class:`pipelines.schema.ClassifySection` of a classification run's ``config.json`` settings
+    """The :class:`train.settings.ClassifySection` of a classification run's ``config.json`` settings
     (the options of encoders other than the run's are dropped, as written with their defaults)."""
     encoder = values.get("encoder")
     return ClassifySection.model_validate(

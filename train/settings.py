@@ -1,4 +1,5 @@
-"""The settings of ``train <family>``: the fields every family shares, and the base of a family's own.
+"""The settings of the ``train`` stage: those of ``train <family>`` (the fields every family shares, and the
+base of a family's own), of ``train classify``, and of a pipeline's ``evaluate`` and ``compare`` stages.
 
 A run's settings are one class per family, ``TrainSection`` + the family's :class:`FamilyConfig`
 submodel, made by :func:`train.models.family.settings_class`; build them with
@@ -9,7 +10,7 @@ of ``pipelines.yaml`` (:mod:`pipelines.schema`) can name it.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -111,3 +112,98 @@ class TrainSection(Section):
         """Languages paired with ``lang`` by a cross-language loss: none (overridden like
         :attr:`train_langs`)."""
         return []
+
+
+#: ``train classify --encoder``: the registered text encoders a classifier can read texts with
+CLASSIFY_ENCODERS = ("chain", "oecc", "seam", "gru")
+
+
+class ClassifySection(Section):
+    """Options of ``train classify`` (CHAIN-VSE section 5): a registered text encoder + a softmax head.
+
+    The encoder's options are those of its retrieval family (``version``/``p`` of chain, ``arch`` of
+    oecc, ``variant``/``hops``/``penalty``/``gru_units`` of seam; ``gru``: word embedding + GRU of
+    ``gru_units`` units, the UVS encoder); the loop is the retrieval trainer's, with the validation
+    accuracy in place of the rsum.
+    """
+
+    path_fields: ClassVar[tuple[str, ...]] = ("data", "out")
+    #: keys only some encoders accept
+    encoder_keys: ClassVar[dict[str, tuple[str, ...]]] = {
+        "version": ("chain",), "p": ("chain",), "arch": ("oecc",), "variant": ("seam",), "hops": ("seam",),
+        "penalty": ("seam",), "word_dim": ("gru",),
+    }
+    #: what the shared trainer reads of a retrieval run's settings: every text once per epoch; one phase
+    captions_per_epoch: ClassVar[str] = "all"
+    finetune_lr: ClassVar[None] = None
+    encoder: Literal["chain", "oecc", "seam", "gru"] = "chain"
+    data: str | None = None
+    out: str
+    version: Literal["v1", "v2"] = "v1"
+    p: float = Field(1.0, gt=0)
+    arch: Literal["A", "B", "C", "D"] = "D"
+    variant: Literal["E", "C", "G"] = "E"
+    hops: int | None = Field(None, ge=1)
+    penalty: float = Field(0.0, ge=0)
+    #: GRU units of seam G and of the gru encoder
+    gru_units: int = Field(512, ge=1)
+    #: word embedding size of the gru encoder
+    word_dim: int = Field(300, ge=1)
+    #: dropout before the softmax layer
+    dropout: float = Field(0.5, ge=0, lt=1)
+    #: character encoders read at most this many characters (Zhang et al.'s 1014)
+    max_chars: int = Field(1014, ge=1)
+    max_words: int = Field(200, ge=1)
+    min_word_count: int = Field(1, ge=1)
+    #: language of new texts given to a word encoder (predict, noise); the dataset's rows carry their own
+    lang: str = "en"
+    batch_size: int = Field(128, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    lr_schedule: Literal["plateau", "step", "constant"] = "plateau"
+    lr_decay_patience: int = Field(2, ge=1)
+    lr_step: int = Field(15, ge=1)
+    early_stop: int = Field(4, ge=1)
+    epochs: int = Field(20, ge=1)
+    grad_clip: float | None = Field(5.0, ge=0)
+    checkpoint_every: int = Field(200, ge=1)
+    seed: int = 0
+    device: str = "auto"
+    amp: bool = False
+    workers: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _encoder_keys(self) -> ClassifySection:
+        for key, encoders in self.encoder_keys.items():
+            if key in self.model_fields_set and self.encoder not in encoders:
+                raise ValueError(f"'{key}' applies to encoder {'/'.join(encoders)}, not '{self.encoder}'")
+        return self
+
+
+class EvaluateSection(Section):
+    """Options of the final evaluation of a pipeline's run."""
+
+    split: Literal["val", "test"] = "test"
+    protocols: list[Literal["1k", "5cv", "5k", "all"]] = Field(default_factory=lambda: ["all"])
+    noise: str | None = None
+    length_analysis: bool = False
+
+
+class CompareSection(Section):
+    """Options of ``train compare`` as a pipeline stage (:mod:`train.compare`).
+
+    ``data`` defaults to ``prep.out``, ``features`` to the ``features`` stage's store and ``regions`` to
+    the ``regions`` stage's (a second feature stage, of kind ``regions``, for the region families).
+    """
+
+    path_fields: ClassVar[tuple[str, ...]] = ("data", "features", "regions", "out")
+    #: family names (their defaults) or pipeline names of the same file; None: every registered family
+    families: list[str] | None = Field(None, min_length=1)
+    epochs: int | None = Field(None, ge=1)
+    seed: int = 0
+    seeds: int = Field(1, ge=1)
+    noise: str = "0.05:0.25:0.05"
+    device: str = "auto"
+    data: str | None = None
+    features: str | None = None
+    regions: str | None = None
+    out: str

@@ -55,8 +55,9 @@ from train.evaluate.tables import (
     results_json,
     write_ranks_csv,
 )
+from train.run_args import add_run_arguments
 from train.rundir import RunDir
-from train.runs import Embeddings, LoadedRun, add_run_arguments
+from train.runs import Embeddings, LoadedRun
 from vsecore.device import DEVICE_HELP
 from vsecore.errors import HelpFormatter, UserError
 from vsecore.io import write_json_atomic
@@ -403,7 +404,7 @@ def _evaluate_sims(args: argparse.Namespace, protocols: list[str]) -> None:
 
 
 def _command(args: argparse.Namespace) -> int:
-    from train.runs import run_from_arguments
+    from train.run_args import run_from_arguments
 
     run_dir = run_from_arguments(args, required=False)
     if run_dir is not None:
