@@ -133,9 +133,8 @@ class ClassifySection(Section):
         "version": ("chain",), "p": ("chain",), "arch": ("oecc",), "variant": ("seam",), "hops": ("seam",),
         "penalty": ("seam",), "word_dim": ("gru",),
     }
-    #: what the shared trainer reads of a retrieval run's settings: every text once per epoch; one phase
+    #: what the shared trainer reads of a retrieval run's settings: every text once per epoch
     captions_per_epoch: ClassVar[str] = "all"
-    finetune_lr: ClassVar[None] = None
     encoder: Literal["chain", "oecc", "seam", "gru"] = "chain"
     data: str | None = None
     out: str

@@ -9,10 +9,11 @@ stopping after ``early_stop`` epochs without improvement; ``epochs`` is the maxi
 15)`` with 0-based epochs, so epochs 1-15 at ``lr``, 16-30 at ``lr / 10``) or ``constant`` (the
 FNE paper's pipelines).
 
-Phases (curricula). An objective with phases (:class:`train.objectives.CurriculumObjective`, the
+Phases (curricula). An objective with phases (a :class:`train.objectives.PhasedObjective`, e.g. the
 FNE paper's PH and POE) does not stop where a plain run would (``early_stop`` epochs without a
 better validation rsum, or ``epochs`` epochs): the trainer reloads the weights of the best
-checkpoint, advances the objective, starts a fresh Adam at ``finetune_lr`` (default ``lr``) and
+checkpoint, advances the objective, starts a fresh Adam at its ``later_lr`` (vse: ``finetune_lr``;
+default ``lr``) and
 a fresh schedule, and counts ``epochs`` and ``early_stop`` again from there. The best rsum carries
 over, so ``best.pt`` is the best of all phases. The phase and the epoch it started at are in
 every checkpoint and each ``metrics.jsonl`` record has ``phase``, so ``--resume`` continues either
