@@ -18,7 +18,7 @@ import pytest
 from test_data import make_prepared, make_store
 
 from train.cli import build_parser
-from train.rundir import RunDir, is_eval_file
+from train.rundir import RunDir, evaluation_name, is_eval_file, length_name, noise_name
 from vsecore.errors import run_cli
 from vsecore.outputs import RUN_MARKER
 
@@ -74,6 +74,12 @@ def test_a_run_has_its_marker_and_the_layout_of_run_dir(trained: Path) -> None:
     assert run.best.is_file() and run.last.is_file() and run.metrics.is_file() and run.test_eval.is_file()
     assert run.checkpoint("best") == run.best and run.log.is_file() and run.curves.is_file()
     assert is_eval_file("test_best_de.json") and is_eval_file("noise_val.png") and not is_eval_file("x.csv")
+    # every name the evaluation writes is one --overwrite may replace, and nothing else is
+    for split in ("train", "val", "test"):
+        names = [noise_name(split), noise_name(split, "png"), length_name(split)]
+        names += [evaluation_name(split, c, lang) for c in ("best", "last") for lang in (None, "de", "ja")]
+        assert all(is_eval_file(n) for n in names), names
+    assert not is_eval_file(evaluation_name("test", "middle")) and not is_eval_file(noise_name("test", "csv"))
 
 
 def test_runs_written_before_the_marker_are_recognised_only_when_all_theirs(trained: Path,

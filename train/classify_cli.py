@@ -87,7 +87,7 @@ def evaluate_command(args: argparse.Namespace, run_dir: Path) -> int:
     """``train evaluate --run R`` of a classification run: metrics of ``--split``, ``--noise`` accuracy."""
     from train.classify import load_classification_run, noise_accuracy, plot_noise_accuracy
     from train.evaluate.analysis import parse_ratio_range
-    from train.rundir import RunDir
+    from train.rundir import RunDir, evaluation_name, noise_name
     from train.textcls_metrics import format_metrics
     from train.trainer import write_evaluation
 
@@ -102,7 +102,7 @@ def evaluate_command(args: argparse.Namespace, run_dir: Path) -> int:
     metrics = run.evaluate(split)
     console.result(format_metrics(metrics, f"{run_dir.name}: {split} split, {args.checkpoint} checkpoint "
                                            f"(epoch {run.epoch})"))
-    write_evaluation(Path(args.json) if args.json else out / f"{split}_{args.checkpoint}.json",
+    write_evaluation(Path(args.json) if args.json else out / evaluation_name(split, args.checkpoint),
                      {"split": split, "checkpoint": args.checkpoint, "epoch": run.epoch, **metrics})
     if args.noise:
         result = noise_accuracy(run, parse_ratio_range(args.noise), split, args.noise_seed)
@@ -110,8 +110,8 @@ def evaluate_command(args: argparse.Namespace, run_dir: Path) -> int:
                  f"  clean {result['clean']['accuracy']:6.2f}%"]
         lines += [f"  {100 * r['ratio']:4.0f}% {r['accuracy']:6.2f}%" for r in result["ratios"]]
         console.result("\n".join(lines))
-        write_evaluation(out / f"noise_{split}.json", result)
-        png = plot_noise_accuracy(result, out / f"noise_{split}.png",
+        write_evaluation(out / noise_name(split), result)
+        png = plot_noise_accuracy(result, out / noise_name(split, "png"),
                                   f"{run_dir.name}: accuracy under character noise ({split})")
         console.info(f"wrote {png}")
     return 0

@@ -236,13 +236,14 @@ def evaluate_for_comparison(run_dir: Path, noise: str | None, device: str = "aut
 def tested_protocols(run_dir: Path) -> dict[str, Any]:
     """The best checkpoint's test results by protocol: ``eval/test.json`` (written after training) and
     ``eval/test_best.json`` (``train evaluate``), the first winning where both have a protocol."""
-    from train.rundir import RunDir
+    from train.rundir import RunDir, evaluation_name
     from train.summary import read_json_object
 
     run = RunDir(run_dir)
     found: dict[str, Any] = {}
-    if (run.eval_dir / "test_best.json").is_file():
-        found.update(read_json_object(run.eval_dir / "test_best.json"))
+    evaluated = run.eval_dir / evaluation_name("test", "best")
+    if evaluated.is_file():
+        found.update(read_json_object(evaluated))
     if run.test_eval.is_file():
         found.update(read_json_object(run.test_eval).get("protocols") or {})
     return found

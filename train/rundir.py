@@ -67,6 +67,22 @@ _EVAL_FILE = re.compile(r"test\.json|(train|val|test)_(best|last)(_[\w.-]+)?\.js
 _TENSORBOARD_FILE = re.compile(r"events\.out\.tfevents\..+")
 
 
+def evaluation_name(split: str, checkpoint: str, lang: str | None = None) -> str:
+    """``train evaluate``'s results of ``split`` with ``checkpoint``:
+    ``<split>_<checkpoint>[_<lang>].json``."""
+    return f"{split}_{checkpoint}_{lang}.json" if lang else f"{split}_{checkpoint}.json"
+
+
+def noise_name(split: str, suffix: str = "json") -> str:
+    """The noise analysis of ``split``: ``noise_<split>.json`` (its figure: ``suffix="png"``)."""
+    return f"noise_{split}.{suffix}"
+
+
+def length_name(split: str) -> str:
+    """The text-length analysis of ``split``: ``length_<split>.json``."""
+    return f"length_{split}.json"
+
+
 def is_eval_file(name: str) -> bool:
     """Whether ``name`` is a file train writes into a run's ``eval/`` folder (see the module doc)."""
     return _EVAL_FILE.fullmatch(name) is not None

@@ -56,7 +56,7 @@ from train.evaluate.tables import (
     write_ranks_csv,
 )
 from train.run_args import add_run_arguments
-from train.rundir import RunDir
+from train.rundir import RunDir, evaluation_name, length_name, noise_name
 from train.runs import Embeddings, LoadedRun
 from vsecore.device import DEVICE_HELP
 from vsecore.errors import HelpFormatter, UserError
@@ -195,11 +195,11 @@ def run_outputs(run_dir: Path, split: str, checkpoint: str, lang: str | None, no
                 ranks_path: Path | None, gallery_path: Path | None) -> dict[str, Path | None]:
     """Every file :func:`evaluate_run` writes, by the option that names it (or the analysis)."""
     out = Path(out_dir) if out_dir is not None else RunDir(run_dir).eval_dir
-    default_json = out / (f"{split}_{checkpoint}_{lang}.json" if lang else f"{split}_{checkpoint}.json")
+    default_json = out / evaluation_name(split, checkpoint, lang)
     return {"--json": json_path or default_json, "--ranks": ranks_path, "--gallery": gallery_path,
-            "--noise (JSON)": out / f"noise_{split}.json" if noise else None,
-            "--noise (PNG)": out / f"noise_{split}.png" if noise else None,
-            "--length-analysis": out / f"length_{split}.json" if length_analysis else None}
+            "--noise (JSON)": out / noise_name(split) if noise else None,
+            "--noise (PNG)": out / noise_name(split, "png") if noise else None,
+            "--length-analysis": out / length_name(split) if length_analysis else None}
 
 
 def check_run_outputs(run_dir: Path, outputs: dict[str, Path | None], overwrite: bool,
@@ -238,9 +238,9 @@ def _noise_analysis(run: LoadedRun, emb: Embeddings, split: str, ratios: list[fl
                                   f"t2i R@1 {m.t2i.r1:.1f} R@10 {m.t2i.r10:.1f}"), log=log)
     log(format_noise_table([0.0] + result.ratios, [result.clean] + result.metrics,
                            title=f"Robustness to input noise ({split}, {protocol_label(protocol)})"))
-    write_json_atomic(out / f"noise_{split}.json", result.to_json())
-    png = plot_noise(result, out / f"noise_{split}.png")
-    log(f"wrote {out / f'noise_{split}.json'} and {png}")
+    write_json_atomic(out / noise_name(split), result.to_json())
+    png = plot_noise(result, out / noise_name(split, "png"))
+    log(f"wrote {out / noise_name(split)} and {png}")
 
 
 def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = ("all",),
@@ -314,10 +314,10 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
         groups = run_length_analysis(emb.images, emb.captions, emb.caption_image, emb.texts, measure,
                                      length_count, order_sqrt, run.device, log=log)
         log(format_length_table(groups, title=f"Impact of text length ({split})"))
-        write_json_atomic(out / f"length_{split}.json", {
+        write_json_atomic(out / length_name(split), {
             name: {d: {"r1": getattr(m, d).r1, "meanr": getattr(m, d).meanr} for d in ("i2t", "t2i")}
             for name, m in groups.items()})
-        log(f"wrote {out / f'length_{split}.json'}")
+        log(f"wrote {out / length_name(split)}")
     return results
 
 
