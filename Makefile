@@ -19,11 +19,11 @@ setup: $(STAMP)
 demo: $(STAMP)
 	OMP_NUM_THREADS=1 $(VENV)/bin/train pipeline demo
 
-# the suite in one worker process per core, at most 4 (pytest-xdist); a test file stays in one worker, so
+# the suite in one worker process per logical CPU, at most 4 (pytest-xdist); a test file stays in one worker, so
 # its module fixtures are built once; tests/conftest.py gives each worker its share of the torch threads
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile
+	$(VENV)/bin/python -m pytest -q -n logical --maxprocesses 4 --dist loadfile
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
