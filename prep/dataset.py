@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from vsecore.errors import UserError
+from vsecore.io import sha256_file, write_json_atomic
+from vsecore.version import __version__
 
 DATASET_FILE = "dataset.json"
 CHARS_FILE = "chars.json"
@@ -289,14 +291,29 @@ def _record_of(path: Path) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
+def input_record(path: Path) -> dict[str, Any]:
+    """One input of a ``prep.json`` record: its absolute path, size and SHA-256 (what
+    :func:`changed_inputs` checks)."""
+    return {"path": str(path.resolve()), "bytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def write_prepared_files(folder: Path, dataset: dict[str, Any], chars: dict[str, Any], words: dict[str, Any],
+                         record: dict[str, Any]) -> None:
+    """Write a prepared dataset's files into ``folder`` (each atomically): ``dataset.json``, ``chars.json``,
+    ``words.json``, ``prep.json`` and, last, the marker that makes the folder a prepared dataset."""
+    write_json_atomic(folder / DATASET_FILE, dataset, indent=None)
+    write_json_atomic(folder / CHARS_FILE, chars)
+    write_json_atomic(folder / WORDS_FILE, words)
+    write_json_atomic(folder / RECORD_FILE, record)
+    write_json_atomic(folder / MARKER_FILE, {"format_version": FORMAT_VERSION, "prep_version": __version__})
+
+
 def changed_inputs(record: dict[str, Any]) -> list[str]:
     """The inputs of a ``prep.json`` record that differ on disk now: ``"PATH (why)"`` each.
 
     An input is changed when it is missing, or its size or SHA-256 differs from the record (the
     size is compared first, so an edit that changes it costs no checksum).
     """
-    from vsecore.io import sha256_file
-
     changed = []
     for item in record.get("inputs", []):
         path = Path(item["path"])

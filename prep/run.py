@@ -24,15 +24,13 @@ from prep.build import (
     split_counts,
 )
 from prep.dataset import (
-    CHARS_FILE,
-    DATASET_FILE,
     FORMAT_VERSION,
     MARKER_FILE,
-    RECORD_FILE,
     SPLITS,
-    WORDS_FILE,
     foreign_entries,
+    input_record,
     is_prepared_dataset,
+    write_prepared_files,
 )
 from prep.settings import PrepSection
 from prep.sources import RawDataset
@@ -44,8 +42,6 @@ from vsecore.io import (
     atomic_directory,
     exclusive_lock,
     remove_stale_siblings,
-    sha256_file,
-    write_json_atomic,
 )
 from vsecore.outputs import check_output_folder
 
@@ -209,8 +205,7 @@ def _prepare(settings: PrepSection, out: Path, raw: RawDataset | None) -> dict[s
         counts = split_counts(dataset)
         record = {
             "format_version": FORMAT_VERSION, "prep_version": __version__, "dataset": raw.name,
-            "inputs": [{"path": str(p.resolve()), "bytes": p.stat().st_size, "sha256": sha256_file(p)}
-                       for p in progress(raw.inputs, desc="checksums", unit="file")],
+            "inputs": [input_record(p) for p in progress(raw.inputs, desc="checksums", unit="file")],
             "options": settings.model_dump(mode="json"), "images_root": str(raw.images_root),
             "counts": counts, "dropped": drops["counts"], "dropped_first": drops["first_empty_captions"],
             "repaired": drops["repaired"], "repaired_first": drops["first_repaired"],
@@ -218,11 +213,7 @@ def _prepare(settings: PrepSection, out: Path, raw: RawDataset | None) -> dict[s
             "missing_images": {"count": len(missing), "first": missing[:LIST_FIRST]},
             "notes": raw.notes, "vocabulary": {"chars": len(chars["symbols"]), "words": len(words["tokens"])},
         }
-        write_json_atomic(work / DATASET_FILE, dataset, indent=None)
-        write_json_atomic(work / CHARS_FILE, chars)
-        write_json_atomic(work / WORDS_FILE, words)
-        write_json_atomic(work / RECORD_FILE, record)
-        write_json_atomic(work / MARKER_FILE, {"format_version": FORMAT_VERSION, "prep_version": __version__})
+        write_prepared_files(work, dataset, chars, words, record)
     return record
 
 

@@ -37,12 +37,13 @@ from prep.dataset import (
     CHARS_FILE,
     DATASET_FILE,
     FORMAT_VERSION,
-    MARKER_FILE,
     RECORD_FILE,
     SPLITS,
     WORDS_FILE,
     Vocabulary,
+    input_record,
     load_vocabulary,
+    write_prepared_files,
 )
 from prep.settings import PrepSection
 from prep.sources.textcls import RawText, read_classes, read_generic, read_zhang_csv
@@ -50,7 +51,7 @@ from prep.tokenize import normalize
 from prep.vocab import build_char_vocabulary, build_word_vocabulary
 from vsecore import console
 from vsecore.errors import UserError
-from vsecore.io import atomic_directory, exclusive_lock, remove_stale_siblings, sha256_file, write_json_atomic
+from vsecore.io import atomic_directory, exclusive_lock, remove_stale_siblings
 
 TASK = "textcls"
 
@@ -252,18 +253,12 @@ def run_textcls_prep(settings: PrepSection, overwrite: bool = False) -> Path:
                 record = {
                     "format_version": FORMAT_VERSION, "prep_version": __version__,
                     "dataset": dataset["dataset"], "task": TASK,
-                    "inputs": [{"path": str(p.resolve()), "bytes": p.stat().st_size, "sha256": sha256_file(p)}
-                               for p in inputs],
+                    "inputs": [input_record(p) for p in inputs],
                     "options": settings.model_dump(mode="json"), "labels": dataset["labels"],
                     "counts": counts, **drops,
                     "vocabulary": {"chars": len(chars["symbols"]), "words": len(words["tokens"])},
                 }
-                write_json_atomic(work / DATASET_FILE, dataset, indent=None)
-                write_json_atomic(work / CHARS_FILE, chars)
-                write_json_atomic(work / WORDS_FILE, words)
-                write_json_atomic(work / RECORD_FILE, record)
-                write_json_atomic(work / MARKER_FILE, {"format_version": FORMAT_VERSION,
-                                                       "prep_version": __version__})
+                write_prepared_files(work, dataset, chars, words, record)
     except OSError as exc:
         error = _os_error(exc, out)
         if error is None:

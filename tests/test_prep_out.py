@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import prep.run
+import prep.dataset
 from prep.cli import main
 from prep.dataset import MARKER_FILE, PreparedDataset, is_prepared_dataset
 from vsecore.io import stale_siblings
@@ -196,14 +196,14 @@ def test_write_errors_are_one_line_errors(tmp_path: Path, capsys: pytest.Capture
     # whoever runs the tests (root too): a permission error where prep writes, as a read-only
     # folder or file system gives it
     out = tmp_path / "data"
-    real = prep.run.write_json_atomic
+    real = prep.dataset.write_json_atomic
 
     def denied(path: Path, obj: object, indent: int | None = 1) -> None:
         if Path(path).name == "chars.json":
             raise PermissionError(13, "Permission denied", str(path))
         real(path, obj, indent)
 
-    monkeypatch.setattr(prep.run, "write_json_atomic", denied)
+    monkeypatch.setattr(prep.dataset, "write_json_atomic", denied)
     err = _error([*SYNTH, "--out", str(out)], capsys)
     assert f"{out}: cannot write --out (Permission denied: {tmp_path}/.data." in err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
