@@ -211,20 +211,21 @@ def settings_of(family: str, root: Path, scale: float) -> Any:
     settings = train_settings(family=family, data=str(root / "data"), features=f"{root / store}:{key}",
                               out=str(root / "runs" / family), device="cpu", **extra)
     settings = absolute_settings(with_family_defaults(settings, "coco"))
-    return with_data_defaults(settings, lambda: PreparedDataset.load(settings.data))
+    return with_data_defaults(settings, PreparedDataset.load(settings.data))
 
 
 def phase_load(family: str, root: Path, scale: float, seconds: float) -> dict[str, Any]:
     """Data loading as ``train`` does it, then the epoch's batches with the model step stubbed out."""
     import torch
 
+    from prep.dataset import PreparedDataset
     from train.data import batch_loader, epoch_batches
     from train.fit import _load_data
     from train.models.family import model_spec
 
     s = settings_of(family, root, scale)
     t0 = time.perf_counter()
-    train_set, val_set, _ = _load_data(s, model_spec(s))
+    train_set, val_set, _ = _load_data(s, model_spec(s), PreparedDataset.load(s.data))
     load_s = time.perf_counter() - t0
     rss_loaded = peak_rss()
     batches = epoch_batches(train_set, s.batch_size, s.captions_per_epoch, torch.Generator().manual_seed(0))
@@ -247,6 +248,7 @@ def phase_train(family: str, root: Path, scale: float, steps: int) -> dict[str, 
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
+    from prep.dataset import PreparedDataset
     from train.data import batch_loader, epoch_batches
     from train.fit import _load_data
     from train.models.family import build_objective, model_spec
@@ -254,7 +256,7 @@ def phase_train(family: str, root: Path, scale: float, steps: int) -> dict[str, 
     from train.trainer import Trainer
 
     s = settings_of(family, root, scale)
-    train_set, val_set, config = _load_data(s, model_spec(s))
+    train_set, val_set, config = _load_data(s, model_spec(s), PreparedDataset.load(s.data))
     torch.manual_seed(s.seed)
     model = build_model(s, config["vocab_size"], config["feature_shape"], model_spec(s))
     with tempfile.TemporaryDirectory() as run_dir:

@@ -253,8 +253,8 @@ def test_vse_and_seam_train_on_the_int8_fne_without_a_float_copy(data, tmp_path,
     seen = []
     original = fit._load_data
 
-    def spy(settings, spec):
-        train_set, val_set, config = original(settings, spec)
+    def spy(settings, spec, dataset):
+        train_set, val_set, config = original(settings, spec, dataset)
         seen.append((train_set.images.features.dtype, val_set.images.features.data_ptr(),
                      train_set.images.features.data_ptr()))
         return train_set, val_set, config

@@ -112,12 +112,13 @@ def run_training(settings: TrainSection, resume: bool = False, overwrite: bool =
                         f"{', '.join(family_names())})")
     _check_numbers(settings, {"--alphabet-size": alphabet_size, "--image-dim": image_dim,
                               "--vocab-size": vocab_size})
-    settings = absolute_settings(with_family_defaults(settings, dataset_name(settings.data)))
-    if settings.data:
-        settings = with_data_defaults(settings, lambda: PreparedDataset.load(settings.data))
+    dataset = load_dataset_or_none(settings.data)  # read once: the defaults and the run both need it
+    settings = absolute_settings(with_family_defaults(settings, dataset.name if dataset else None))
+    if dataset is not None:
+        settings = with_data_defaults(settings, dataset)
     run_dir = Path(settings.out)
     if dry_run:
-        _dry_run(settings, alphabet_size, image_dim, vocab_size)
+        _dry_run(settings, alphabet_size, image_dim, vocab_size, dataset)
         return run_dir
     if not settings.data:
         raise UserError("--data is required (give it or use --pipeline)")
@@ -132,7 +133,7 @@ def run_training(settings: TrainSection, resume: bool = False, overwrite: bool =
     with exclusive_lock(run_dir, "the run directory"):
         prepare_run_dir(run_dir, resume=resume, overwrite=overwrite, inputs=inputs)
         with console.log_file(run.log), resume_hint(run.kept):
-            _train(settings, spec, run_dir, resume, log)
+            _train(settings, spec, run_dir, resume, log, dataset)
     return run_dir
 
 
@@ -155,26 +156,33 @@ def _check_numbers(settings: TrainSection, sizes: dict[str, int | None]) -> None
             raise UserError(f"{option} {value}: must be at least 1")
 
 
-def dataset_name(data: str | None) -> str | None:
-    """The ``dataset`` field of a prepared dataset (``coco``, ``f8k``, ...), or None (no or bad data:
-    the error comes when the data is read)."""
+def load_dataset_or_none(data: str | None) -> PreparedDataset | None:
+    """The prepared dataset at ``data``, or None (no or bad data: the error comes when the data is read)."""
     if not data:
         return None
     try:
-        return PreparedDataset.load(data).name
+        return PreparedDataset.load(data)
     except (UserError, OSError, ValueError):
         return None
 
 
+def dataset_name(data: str | None) -> str | None:
+    """The ``dataset`` field of a prepared dataset (``coco``, ``f8k``, ...), or None (no or bad data)."""
+    dataset = load_dataset_or_none(data)
+    return dataset.name if dataset is not None else None
+
+
 def _train(settings: TrainSection, spec: ModelSpec, run_dir: Path, resume: bool,
-           log: Callable[[str], None]) -> None:
-    """:func:`run_training` once the run directory is locked and prepared (messages also in train.log)."""
+           log: Callable[[str], None], dataset: PreparedDataset | None) -> None:
+    """:func:`run_training` once the run directory is locked and prepared (messages also in train.log);
+    ``dataset`` is the prepared dataset if already read (None: read here, its error raised here)."""
     from train.models.vse import build_model
 
     remove_stale_temporaries(RunDir(run_dir).checkpoints)
     device = resolve_device(settings.device)
-    train_set, val_set, config = _load_data(settings, spec)
-    pair_sets = _load_pairs(settings, train_set)
+    dataset = dataset if dataset is not None else PreparedDataset.load(settings.data)
+    train_set, val_set, config = _load_data(settings, spec, dataset)
+    pair_sets = _load_pairs(settings, train_set, dataset)
     if pair_sets:
         config["data"]["train_pairs"] = {f"{ps.lang}-{ps.other_lang}": len(ps) for ps in pair_sets}
     _seed_everything(settings.seed)
@@ -208,12 +216,14 @@ def _train(settings: TrainSection, spec: ModelSpec, run_dir: Path, resume: bool,
 
 
 def _dry_run(settings: TrainSection, alphabet_size: int | None, image_dim: int | None,
-             vocab_size: int | None) -> None:
-    """Build the model and print its parameter counts per part (results); sizes from the data when given."""
+             vocab_size: int | None, dataset: PreparedDataset | None) -> None:
+    """Build the model and print its parameter counts per part (results); sizes from the data when given
+    (``dataset``: already read, or None: read here)."""
     from train.models.vse import build_model
 
     spec = model_spec(settings)
-    dataset = PreparedDataset.load(settings.data) if settings.data else None
+    if dataset is None and settings.data:
+        dataset = PreparedDataset.load(settings.data)
     if dataset is not None:
         vocab = codec_for(settings, dataset, spec.text_input).vocab_size
     elif spec.text_input == "words":
@@ -245,9 +255,10 @@ def _dry_run(settings: TrainSection, alphabet_size: int | None, image_dim: int |
             vocab, spec.text_kwargs["word_length"], spec.text_kwargs["layers"], words)))
 
 
-def _load_data(settings: TrainSection, spec: ModelSpec) -> tuple[CaptionSet, CaptionSet, dict[str, Any]]:
-    """The train and val caption sets, and the run's ``config.json`` content describing them."""
-    dataset = PreparedDataset.load(settings.data)
+def _load_data(settings: TrainSection, spec: ModelSpec, dataset: PreparedDataset
+               ) -> tuple[CaptionSet, CaptionSet, dict[str, Any]]:
+    """The train and val caption sets of ``dataset`` (``settings.data``), and the run's ``config.json``
+    content describing them."""
     codec = codec_for(settings, dataset, spec.text_input)
     x, valid = read_features(settings.features, dataset)
     counts = read_region_counts(settings.features)
@@ -303,11 +314,10 @@ def _split_counts(dataset: PreparedDataset, split: str, valid: np.ndarray) -> st
     return f"{len(rows)} images, {sum(bool(valid[r]) for r in rows)} with valid features"
 
 
-def _load_pairs(settings: TrainSection, train_set: CaptionSet) -> list[PairSet]:
+def _load_pairs(settings: TrainSection, train_set: CaptionSet, dataset: PreparedDataset) -> list[PairSet]:
     """The train split's aligned pairs of ``lang`` with each ``cross_lang`` (the cross-language loss)."""
     if not settings.cross_langs:
         return []
-    dataset = PreparedDataset.load(settings.data)
     return [load_pair_set(dataset, "train", settings.lang, other, train_set.codec)
             for other in settings.cross_langs]
 

@@ -53,7 +53,7 @@ class Family:
         data_defaults: ``(settings, dataset) -> {key: value}``, settings computed from the prepared dataset
             (a :class:`prep.dataset.PreparedDataset`) when a run starts, recorded in its ``config.json``:
             only the keys the rule resolves (liwe: ``word_length`` from the train split's words when not
-            given); ``None``: the family has none, and the dataset is not read for them.
+            given); ``None``: the family has none.
         common_options: common fields (of ``TrainSection``) offered in this family's own option group
             (seam and vse: ``max_words``, ``min_word_count``).
         help_notes: option -> what its "(default ...)" in ``--help`` adds (a preset that depends on data).
@@ -141,25 +141,24 @@ def with_family_defaults(settings: Any, dataset_name: str | None = None) -> Any:
     The result has every defaulted key marked as set, so a run's ``config.json`` records it.
     """
     rule = get_family(settings.family).defaults
-    given = settings.model_dump(include=settings.model_fields_set)
     defaults = {k: v for k, v in rule(settings, dataset_name).items() if k not in settings.model_fields_set}
-    if not defaults:
-        return settings
-    return type(settings).model_validate({**given, **defaults})
+    return _with_values(settings, defaults)
 
 
-def with_data_defaults(settings: Any, load_dataset: Callable[[], Any]) -> Any:
-    """``settings`` with the settings its family computes from the prepared dataset
-    (:attr:`Family.data_defaults`; ``load_dataset()`` is called only for a family that has them), each
-    marked as set so that a run's ``config.json`` records it."""
-    rule = get_family(settings.family).data_defaults
-    if rule is None:
-        return settings
-    resolved = rule(settings, load_dataset())
-    if not resolved:
+def _with_values(settings: Any, values: dict[str, Any]) -> Any:
+    """``settings`` validated again with ``values`` set explicitly (``settings`` itself without any)."""
+    if not values:
         return settings
     given = settings.model_dump(include=settings.model_fields_set)
-    return type(settings).model_validate({**given, **resolved})
+    return type(settings).model_validate({**given, **values})
+
+
+def with_data_defaults(settings: Any, dataset: Any) -> Any:
+    """``settings`` with the settings its family computes from the prepared ``dataset``
+    (:attr:`Family.data_defaults`), each marked as set so that a run's ``config.json`` records it."""
+    rule = get_family(settings.family).data_defaults
+    resolved = rule(settings, dataset) if rule is not None else {}
+    return _with_values(settings, resolved)
 
 
 def model_spec(settings: Any) -> ModelSpec:
