@@ -35,6 +35,7 @@ from vsecore.errors import UserError
 from vsecore.outputs import (
     RUN,
     RUN_BEST,
+    RUN_CHECKPOINT_FILES,
     RUN_CHECKPOINTS,
     RUN_CONFIG,
     RUN_LAST,
@@ -60,7 +61,7 @@ EVAL_STAGE = "eval.stage.json"
 
 #: top-level files train writes into a run directory
 _TOP_FILES = frozenset({RUN_MARKER, CONFIG, METRICS, CURVES, TRAIN_LOG, EVAL_STAGE})
-_CHECKPOINT_FILES = frozenset({BEST, LAST})
+_CHECKPOINT_FILES = RUN_CHECKPOINT_FILES
 #: files of ``eval/``: the test evaluation after training and ``train evaluate``'s default outputs
 _EVAL_FILE = re.compile(r"test\.json|(train|val|test)_(best|last)(_[\w.-]+)?\.json"
                         r"|noise_(train|val|test)\.(json|png)|length_(train|val|test)\.json")

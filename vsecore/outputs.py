@@ -32,6 +32,8 @@ PREPARED, STORE, RUN = "prepared dataset", "feature store", "run directory"
 #: the names a run directory is recognised by (:func:`is_run_folder`); :mod:`train.rundir` owns the whole
 #: layout and takes these from here
 RUN_CONFIG, RUN_CHECKPOINTS, RUN_BEST, RUN_LAST = "config.json", "checkpoints", "best.pt", "last.pt"
+#: the files train writes into ``checkpoints/``
+RUN_CHECKPOINT_FILES = frozenset({RUN_BEST, RUN_LAST})
 
 #: names of the files a writer made: a set of names, or a pattern a name must match in full
 Written = frozenset[str] | re.Pattern[str]
@@ -70,7 +72,7 @@ def is_run_folder(path: str | os.PathLike) -> bool:
             return True
         checkpoints = path / RUN_CHECKPOINTS
         return ((path / RUN_CONFIG).is_file() and checkpoints.is_dir()
-                and not foreign_files(checkpoints, frozenset({RUN_BEST, RUN_LAST})))
+                and not foreign_files(checkpoints, RUN_CHECKPOINT_FILES))
     except OSError:
         return False
 
