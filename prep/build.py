@@ -154,20 +154,25 @@ def caption_limit(settings: PrepSection) -> int | None:
 def check_image_path(im: RawImage) -> None:
     """A :class:`UserError` unless the image's ``filepath``/``filename`` stay inside the images root.
 
-    Every later stage opens ``images_root/filepath/filename``; an absolute path or a ``..``
-    component would reach outside the folder given as ``--images``.
+    Every later stage opens ``images_root/filepath/filename``. The paths are written in an annotation,
+    split or token file, which comes from elsewhere: an absolute path or a ``..`` component (even one
+    that would normalise back inside) could reach outside the folder given as ``--images``, so both
+    are refused as written, before any file is looked at. Symbolic links inside ``--images`` are the
+    user's and are followed (:func:`find_missing_images`). A NUL character names no file at all.
     """
     for key, value in (("filepath", im.filepath), ("filename", im.filename)):
         if value is None and key == "filepath":
             continue
         if not isinstance(value, str) or not value:
             raise UserError(f"{im.where}: {key} must be a non-empty string, got {value!r}")
+        if "\0" in value:
+            raise UserError(f"{im.where}: {key} {value!r} holds a NUL character, which no file name can hold")
         if PurePosixPath(value).is_absolute() or PureWindowsPath(value).anchor:
-            raise UserError(f"{im.where}: {key} '{value}' is an absolute path; image paths must be "
-                            f"relative to --images")
+            raise UserError(f"{im.where}: {key} {value!r} is an absolute path; image paths written in "
+                            f"annotation files must be relative to --images")
         if ".." in PurePosixPath(value.replace("\\", "/")).parts:
-            raise UserError(f"{im.where}: {key} '{value}' has a '..' component; image paths must stay "
-                            f"inside --images")
+            raise UserError(f"{im.where}: {key} {value!r} has a '..' component; image paths written in "
+                            f"annotation files must stay inside --images")
 
 
 def build_dataset(raw: RawDataset, settings: PrepSection) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -279,41 +284,24 @@ def _build_pairs(raw: RawDataset, images: list[dict[str, Any]], sentid_of: dict[
 
 
 def find_missing_images(dataset: dict[str, Any], root: Path) -> list[str]:
-    """Relative paths (``filepath/filename``) of the images not found under ``root``.
+    """Relative paths (``filepath/filename``) of the images that are not regular files under ``root``.
 
-    An image reached through a symbolic link (the file itself, or a folder of its ``filepath``) whose
-    target lies outside ``root`` is refused like a ``..`` component (:func:`check_image_path`):
-    every later stage would read a file from outside the folder given as ``--images``.
+    Symbolic links under ``root`` are followed, to folders and to files alike, wherever they point:
+    ``root`` is the folder the user chose as ``--images`` and its links are theirs (``ROOT/val2014 ->
+    /datasets/coco/val2014`` is how one COCO download is shared). What may not leave ``root`` is a path
+    written in an annotation file; :func:`check_image_path` refused those before. A dangling link, a
+    folder or another file that is not regular (a FIFO, a device) counts as missing.
     """
-    real_root = Path(os.path.realpath(root))
-    folders: dict[str, Path] = {}  # filepath -> its real folder (resolved once per folder)
     missing = []
     for im in progress(dataset["images"], desc="checking images", unit="img"):
         rel = f"{im['filepath']}/{im['filename']}" if im.get("filepath") else im["filename"]
-        folder, name = os.path.split(rel)  # a file name may hold folders too
-        if folder not in folders:
-            folders[folder] = Path(os.path.realpath(root / folder))
-            _check_inside(root / folder, folders[folder], real_root, rel)
-        path = folders[folder] / name
         try:
-            mode = os.lstat(path).st_mode
+            regular = stat.S_ISREG(os.stat(root / rel).st_mode)
         except OSError:
-            missing.append(rel)
-            continue
-        if stat.S_ISLNK(mode):
-            _check_inside(root / rel, Path(os.path.realpath(path)), real_root, rel)
-            if not path.is_file():
-                missing.append(rel)
-        elif not stat.S_ISREG(mode):
+            regular = False
+        if not regular:
             missing.append(rel)
     return missing
-
-
-def _check_inside(path: Path, real: Path, real_root: Path, rel: str) -> None:
-    if real != real_root and real_root not in real.parents and os.path.lexists(path):
-        raise UserError(f"{path}: image '{rel}' is reached through a symbolic link to {real}, outside the "
-                        f"images folder {real_root}; image paths must stay inside --images (give --images "
-                        f"a folder that holds the images themselves)")
 
 
 def split_counts(dataset: dict[str, Any]) -> dict[str, dict[str, Any]]:
