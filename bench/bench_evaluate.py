@@ -20,6 +20,13 @@ to 5,000 x 25,000 (time is proportional to images x captions; marked ``*``).
 
     .venv/bin/python bench/bench_evaluate.py                                # cosine d 1024, 8192; order 1024
     .venv/bin/python bench/bench_evaluate.py --measure order --dim 8192 --images 1000   # scaled down
+
+``--against DIR`` is an A/B in one run: DIR is another source tree of the project (e.g. ``git worktree
+add /tmp/base main``); every configuration runs ``--rounds`` times in this tree and in DIR (its own
+``bench/bench_evaluate.py``, importing DIR's packages), alternately, and a second line per
+configuration reports DIR's best times and ``this/DIR``:
+
+    git worktree add /tmp/base HEAD~3 && .venv/bin/python bench/bench_evaluate.py --against /tmp/base
 """
 
 from __future__ import annotations
@@ -120,6 +127,34 @@ def run_one(measure: str, dim: int, images: int, per_image: int, device: str, th
     return out
 
 
+def _run_single(tree: str, measure: str, dim: int, args: argparse.Namespace) -> dict | str:
+    """One configuration in a fresh process of the source tree ``tree``: its measurements, or the error."""
+    cmd = [sys.executable, os.path.join(tree, "bench", "bench_evaluate.py"), "--single", "--measure",
+           measure, "--dim", str(dim), "--images", str(args.images), "--captions-per-image",
+           str(args.captions_per_image), "--device", args.device, "--order-kernel", args.order_kernel,
+           "--repeat", str(args.repeat)]
+    for flag, value in (("--threads", args.threads), ("--block-images", args.block_images),
+                        ("--block-captions", args.block_captions)):
+        if value:
+            cmd += [flag, str(value)]
+    env = dict(os.environ, PYTHONPATH=tree + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        return str(done.stderr.strip().splitlines()[-1:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _print_row(measure: str, dim: int, r: dict, tree: str, this: dict | None) -> None:
+    full = f"{r['full_seconds']:.1f}" + ("" if r["measured_full"] else "*")
+    tile = f"{r['tile'][0]}x{r['tile'][1]}"
+    print(f"{measure:8}{dim:>6}{r['images']:>8}{r['captions']:>10}{r['threads']:>8}{tile:>11}"
+          f"{r['matmul_s']:>10.2f}{r['seconds']:>9.2f}{r['ratio']:>7.2f}{full:>12}"
+          f"{r['rss_embeddings_mb']:>8.0f}/{r['rss_eval_mb']:<8.0f}"
+          f"{r.get('cuda_peak_mb', float('nan')):>9.0f}{r['kernel']:>10}{r['compile_s']:>10.1f}"
+          + (f"  {tree}: this/{tree} eval {this['seconds'] / r['seconds']:.3f}" if tree and this else ""),
+          flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -136,6 +171,11 @@ def main() -> None:
                         help="order on the CPU: the kernel of every tile (auto: as train evaluate)")
     parser.add_argument("--repeat", type=int, default=3,
                         help="evaluations and matrix products, alternated; the best of each is reported")
+    parser.add_argument("--against", default=None, metavar="DIR",
+                        help="another source tree of the project: an A/B of every configuration, alternated")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="with --against: processes per tree and configuration, alternated (the best "
+                             "is reported)")
     parser.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -153,26 +193,23 @@ def main() -> None:
     print(f"{'measure':8}{'d':>6}{'images':>8}{'captions':>10}{'threads':>8}{'tile':>11}{'matmul s':>10}"
           f"{'eval s':>9}{'ratio':>7}{'5k x 25k s':>12}{'RSS MB emb/eval':>17}{'CUDA MB':>9}{'kernel':>10}"
           f"{'compile s':>10}")
+    trees = [("", os.path.dirname(os.path.dirname(os.path.abspath(__file__))))]
+    if args.against:
+        against = os.path.abspath(args.against)
+        trees.append((os.path.basename(against.rstrip("/")), against))
     for measure, dim in runs:
-        cmd = [sys.executable, __file__, "--single", "--measure", measure, "--dim", str(dim),
-               "--images", str(args.images), "--captions-per-image", str(args.captions_per_image),
-               "--device", args.device, "--order-kernel", args.order_kernel, "--repeat", str(args.repeat)]
-        for flag, value in (("--threads", args.threads), ("--block-images", args.block_images),
-                            ("--block-captions", args.block_captions)):
-            if value:
-                cmd += [flag, str(value)]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            print(f"{measure:8}{dim:>6}  failed: {done.stderr.strip().splitlines()[-1:]}")
-            continue
-        r = json.loads(done.stdout.strip().splitlines()[-1])
-        full = f"{r['full_seconds']:.1f}" + ("" if r["measured_full"] else "*")
-        tile = f"{r['tile'][0]}x{r['tile'][1]}"
-        print(f"{measure:8}{dim:>6}{r['images']:>8}{r['captions']:>10}{r['threads']:>8}{tile:>11}"
-              f"{r['matmul_s']:>10.2f}{r['seconds']:>9.2f}{r['ratio']:>7.2f}{full:>12}"
-              f"{r['rss_embeddings_mb']:>8.0f}/{r['rss_eval_mb']:<8.0f}"
-              f"{r.get('cuda_peak_mb', float('nan')):>9.0f}{r['kernel']:>10}{r['compile_s']:>10.1f}",
-              flush=True)
+        best: dict[str, dict] = {}
+        for _ in range(args.rounds if args.against else 1):
+            for name, tree in trees:
+                r = _run_single(tree, measure, dim, args)
+                if isinstance(r, str):
+                    print(f"{measure:8}{dim:>6}  failed ({name or 'this tree'}): {r}")
+                    continue
+                if name not in best or r["seconds"] < best[name]["seconds"]:
+                    best[name] = r
+        for name, _ in trees:
+            if name in best:
+                _print_row(measure, dim, best[name], name, best.get("") if name else None)
     print("matmul: a bare float32 images @ captions.T of the same shapes; eval s and matmul s: the best of "
           f"{args.repeat}, alternated; ratio = eval / matmul; * extrapolated from the measured rate")
     print(f"load average {os.getloadavg()[0]:.1f}")

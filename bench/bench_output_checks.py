@@ -9,7 +9,7 @@ Two measurements:
   the best time of each is kept, so that both see the same machine load;
 * **the checks alone**, in this process (this checkout): ``check_output_folder`` / ``check_output_file``
   per call, the caption cleaner's new work (``lone_surrogate`` + ``strip_controls``) per caption next to
-  spaCy's tokenization per caption, and ``find_missing_images`` per image (symlink checks included).
+  spaCy's tokenization per caption, and ``find_missing_images`` per image (one stat, links followed).
 
     .venv/bin/python bench/bench_output_checks.py --trees /tmp/base . --repeat 5
 """

@@ -129,3 +129,16 @@ def tie_data(seed: int, n: int = 37, d: int = 6, shuffle: bool = True, unit: boo
 
 def quiet(line: str) -> None:
     """A log that drops the evaluator's warning lines."""
+
+
+def assert_ranks_like_naive(ranks, s: np.ndarray, caption_image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The evaluator's ``ranks`` (ranks and ties of both directions) are those of the naive sort of the
+    full score matrix ``s`` (N, M); returns how many candidates tie per query, (N,) and (M,)."""
+    i2t, t2i = naive_ranks_of(s, caption_image)
+    np.testing.assert_array_equal(ranks.i2t, i2t)
+    np.testing.assert_array_equal(ranks.t2i, t2i)
+    # the ties: pessimistic minus optimistic rank, per query
+    i2t_opt, t2i_opt = naive_ranks_of(s, caption_image, gt_last=False)
+    np.testing.assert_array_equal(ranks.i2t_ties, i2t - i2t_opt)
+    np.testing.assert_array_equal(ranks.t2i_ties, t2i - t2i_opt)
+    return i2t - i2t_opt, t2i - t2i_opt

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from train.evaluate.layout import scores_of_distinct
 from train.run_args import add_run_arguments
 from train.runs import store_path
 from train.similarity import similarity
@@ -178,14 +179,16 @@ def search(run: LoadedRun, text: str | Sequence[str] | None = None,
     if text is not None:
         queries = [text] if isinstance(text, str) else list(text)
         q = run.encode_text(queries)
-        scores = similarity(cands.images, q, measure, sqrt).t()  # (Q, N): images below captions
+        # (Q, N): images below captions; duplicate candidates scored once, so they tie on every kernel
+        scores = scores_of_distinct(cands.images, lambda im: similarity(im, q, measure, sqrt)).t()
         values, indices = _top(scores, top)
         return [[Hit(r + 1, float(v), int(cands.imgids[i]), path=cands.paths[i])
                  for r, (v, i) in enumerate(zip(vs.tolist(), ix.tolist(), strict=True))]
                 for vs, ix in zip(values, indices, strict=True)]
     paths = [image] if isinstance(image, str | Path) else list(image)
     q = run.encode_images(paths)
-    scores = similarity(q, cands.captions, measure, sqrt)  # (Q, M)
+    # (Q, M)
+    scores = scores_of_distinct(cands.captions, lambda cap: similarity(q, cap, measure, sqrt).t()).t()
     values, indices = _top(scores, top)
     return [[Hit(r + 1, float(v), int(cands.caption_imgids[i]), text=cands.texts[i])
              for r, (v, i) in enumerate(zip(vs.tolist(), ix.tolist(), strict=True))]

@@ -84,8 +84,8 @@ def _progress_hook(results_total: int) -> tuple[TileHook, Callable[[], None]]:
 
     bar = progress(total=results_total, unit="pair", unit_scale=True, desc="ranking")
 
-    def on_tile(i0: int, i1: int, c0: int, c1: int) -> None:
-        bar.update((i1 - i0) * (c1 - c0))
+    def on_tile(pairs: int) -> None:
+        bar.update(pairs)
 
     return on_tile, bar.close
 

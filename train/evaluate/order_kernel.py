@@ -89,6 +89,7 @@ class OrderKernel:
         self._backend: str | None = None  # None (not tried yet), "compiled" or "blocked" (no compiler)
         self._compiled: SquaredViolation | None = None
         self._ready: set[bool] = set()  # d ranges (d > _LONG_REDUCTION) the compiled kernel has run for
+        self._fallback: str | None = None  # why the compiled path uses the blocked kernel
 
     @classmethod
     def shared(cls) -> OrderKernel:
@@ -101,6 +102,16 @@ class OrderKernel:
     def backend(self) -> str | None:
         """The compiled path's kernel: ``"compiled"``, ``"blocked"`` (no compiler), ``None`` if not tried."""
         return self._backend
+
+    @property
+    def fallback_reason(self) -> str | None:
+        """Why the compiled path fell back to the blocked kernel (the warning), ``None`` if it did not."""
+        return self._fallback
+
+    def _fall_back(self, message: str, stacklevel: int) -> str:
+        self._fallback = message
+        warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)
+        return "blocked"
 
     def ready(self, dim: int) -> bool:
         """Whether the compiled kernel has already run for embeddings of size ``dim`` (none to compile)."""
@@ -147,25 +158,25 @@ class OrderKernel:
                 self._ready.add(d > _LONG_REDUCTION)
                 return out[:n, :m]
             except Exception as exc:  # any inductor / compiler failure: fall back, once, never crash
-                self._backend = "blocked"
-                first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-                warnings.warn(f"order_violation: torch.compile failed ({type(exc).__name__}: {first}); "
-                              "using the blocked eager kernel", RuntimeWarning, stacklevel=3)
+                # the first line of an inductor error is often only "backend='inductor' raised:"
+                first = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())[:200]
+                self._backend = self._fall_back(
+                    f"order_violation: torch.compile failed ({type(exc).__name__}: {first}); "
+                    "using the blocked eager kernel", 3)
         return squared_violation_blocked(images, captions)
 
     def _compile(self) -> str:
         if os.environ.get("VSE_NO_COMPILE", "") not in ("", "0"):
-            warnings.warn("order_violation: VSE_NO_COMPILE is set; using the blocked eager kernel",
-                          RuntimeWarning, stacklevel=4)
-            return "blocked"
+            return self._fall_back("order_violation: VSE_NO_COMPILE is set; using the blocked eager kernel",
+                                   4)
         try:
             # one kernel for every block shape (d <= 4096 and d > 4096 compile one each, since
             # inductor changes its accumulator for long reductions); fullgraph: fail here, not silently
             self._compiled = torch.compile(squared_violation_expr, dynamic=True, fullgraph=True)
         except Exception as exc:  # e.g. a Python version torch.compile does not support
-            warnings.warn(f"order_violation: torch.compile unavailable ({type(exc).__name__}: {exc}); "
-                          "using the blocked eager kernel", RuntimeWarning, stacklevel=4)
-            return "blocked"
+            return self._fall_back(
+                f"order_violation: torch.compile unavailable ({type(exc).__name__}: {exc}); "
+                "using the blocked eager kernel", 4)
         return "compiled"
 
     def choose(self, measure: str, order_sqrt: bool, device: torch.device, dim: int, work: int,

@@ -13,11 +13,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import torch
 
 from train.evaluate.inputs import EvaluationInputs, prepare_embeddings, prepare_similarities
+from train.evaluate.layout import RankingLayout
 from train.evaluate.metrics import Ranks, RetrievalMetrics, average_metrics, metrics_from_ranks
 from train.evaluate.order_kernel import OrderKernel, TileScorer
 from train.evaluate.ranking import (
@@ -29,6 +31,8 @@ from train.evaluate.ranking import (
     rank_tiles,
 )
 from vsecore.errors import UserError
+
+T = TypeVar("T")
 
 PROTOCOLS = ("1k", "5cv", "5k", "all")
 #: how messages name the protocols (``train.evaluate.tables`` labels table rows the same way)
@@ -185,8 +189,24 @@ def _rank_fold(inputs: EvaluationInputs, scorer: TileScorer | None, topk: int, o
                                nan_possible=False)
     c0 = int(index[0]) if index.numel() else 0  # a matrix's captions are grouped: a fold is a slice
     tiles = matrix_tiles(inputs.sims, inputs.transposed, inputs.device, start, c0)
-    return rank_tiles(tiles, inputs.caption_image[c0:c0 + index.numel()] - start, stop - start, inputs.blocks,
-                      inputs.device, topk, on_tile=on_tile)
+    layout = RankingLayout.grouped(inputs.caption_image[c0:c0 + index.numel()] - start, stop - start,
+                                   inputs.device)
+    return rank_tiles(tiles, layout, inputs.blocks, inputs.device, topk, on_tile=on_tile)
+
+
+def _on_one_kernel(kernel: OrderKernel, scorer: TileScorer, log: Log, rank: Callable[[TileScorer], T]) -> T:
+    """``rank(scorer)``, again on the blocked kernel if the compiled one failed part-way through.
+
+    A ground-truth score and the candidates counted against it must come from one kernel: the compiled
+    and the blocked kernels round differently, and inductor may fail on a shape it compiles late (seen
+    with ``ATEN_CPU_CAPABILITY=default``), after some tiles were scored. Rare, so it simply ranks again.
+    """
+    result = rank(scorer)
+    if isinstance(scorer, TileScorer) and scorer.kernel == "compiled" and kernel.backend != "compiled":
+        log("the compiled order-violation kernel failed during the ranking: ranking again with the blocked "
+            "kernel, so that every score comes from one kernel")
+        result = rank(TileScorer(scorer.measure, scorer.order_sqrt, "blocked"))
+    return result
 
 
 def _evaluate(inputs: EvaluationInputs, plan: Plan, scorer: TileScorer | None, topk: int,
@@ -216,7 +236,7 @@ def evaluate_protocols(images: np.ndarray | torch.Tensor, captions: np.ndarray |
         protocols: names from :data:`PROTOCOLS`, evaluated in the given order (all checked first).
         fold_size: images per fold (1000 for COCO; smaller in tests).
         device, block_images, block_captions, on_tile, topk, order_kernel, kernel: as in
-            :func:`ground_truth_ranks` (tile indices of ``on_tile`` are relative to the fold).
+            :func:`ground_truth_ranks` (``on_tile`` gets each tile's number of pairs).
         log: where the warnings go, once per call (default: stderr).
 
     Returns:
@@ -228,9 +248,10 @@ def evaluate_protocols(images: np.ndarray | torch.Tensor, captions: np.ndarray |
         images, captions, caption_image, measure, device, block_images, block_captions,
         check_size=lambda n: plan.extend(_plan(protocols, n, fold_size)))
     work = _fold_work(plan, inputs.caption_image) * inputs.dim
-    scorer = (kernel or OrderKernel.shared()).choose(measure, order_sqrt, inputs.device, inputs.dim, work,
-                                                     order_kernel, log)
-    return _evaluate(inputs, plan, scorer, topk, on_tile, log)
+    kernel = kernel or OrderKernel.shared()
+    scorer = kernel.choose(measure, order_sqrt, inputs.device, inputs.dim, work, order_kernel, log)
+    return _on_one_kernel(kernel, scorer, log,
+                          lambda tile_scorer: _evaluate(inputs, plan, tile_scorer, topk, on_tile, log))
 
 
 def evaluate_similarities(sims: np.ndarray, caption_image: np.ndarray | torch.Tensor,
@@ -279,7 +300,7 @@ def ground_truth_ranks(images: np.ndarray | torch.Tensor, captions: np.ndarray |
         device: where to compute (default: CUDA when available).
         block_images, block_captions: largest tile (default :func:`default_block_sizes`).
         stats: filled with the number and largest shape of the tiles built.
-        on_tile: called with ``(i0, i1, c0, c1)`` for every tile counted (captions grouped by image).
+        on_tile: called with the number of (image, caption) pairs of every tile counted.
         topk: K > 0 also returns each query's K best candidates.
         order_kernel: ``auto`` or the order-violation kernel of every tile (see :data:`ORDER_KERNELS`).
         log: where the warnings go (constant embeddings, ties, NaN scores; default: stderr).
@@ -295,10 +316,11 @@ def ground_truth_ranks(images: np.ndarray | torch.Tensor, captions: np.ndarray |
     if stats is not None:
         stats.block_images, stats.block_captions = inputs.blocks.images, inputs.blocks.captions
     n, m, d = inputs.n_images, inputs.caption_image.numel(), inputs.dim
-    scorer = (kernel or OrderKernel.shared()).choose(measure, order_sqrt, inputs.device, d, n * m * d,
-                                                     order_kernel, log)
-    ranks = embedding_ranks(inputs.images, inputs.captions, inputs.caption_image, scorer, inputs.blocks,
-                            inputs.device, topk, stats, on_tile, nan_possible=False)
+    kernel = kernel or OrderKernel.shared()
+    scorer = kernel.choose(measure, order_sqrt, inputs.device, d, n * m * d, order_kernel, log)
+    ranks = _on_one_kernel(kernel, scorer, log, lambda tile_scorer: embedding_ranks(
+        inputs.images, inputs.captions, inputs.caption_image, tile_scorer, inputs.blocks, inputs.device, topk,
+        stats, on_tile, nan_possible=False))
     for line in list(inputs.notes) + _problems({"": [ranks]}):
         log(line)
     return ranks

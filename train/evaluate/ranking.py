@@ -26,30 +26,30 @@ direction reports ``ties``, the number of queries whose ground-truth score is ti
 counted candidate (a NaN counts as a tie); the evaluation prints one warning line when more than 1%
 of a direction's queries tie, one when a set of embeddings is constant, and one when scores are NaN.
 
-Ties are exact float equality of the computed scores, and the ground truth's score is always taken
-from the very tile that is counted (below), so the same pair is never compared with a differently
-rounded copy of itself. Two *different* pairs whose exact scores are equal (duplicate rows) get the
-same float when the similarity is computed the same way for both: true of the order-violation
-kernels and, as far as we saw with MKL, of products of the default tile sizes (MKL rounds a row's
-products differently depending on its position in products of a few rows or columns, so a tiny
-problem with inexact duplicate rows may break such a tie either way, as any implementation would).
+Ties are exact float equality of the scores, and the scores come from the matrix of *distinct* rows
+(:mod:`train.evaluate.layout`): each distinct pair is scored in one tile, and every image and caption
+reads its scores from its distinct row, so bit-identical embeddings tie on every kernel. The ground
+truth's score is always taken from the very tile that is counted, so the same pair is never compared
+with a differently rounded copy of itself.
 
-Two passes over the tiles. Captions are grouped by image (sorted by ``caption_image``; a copy when
-the input is not), images are cut into row blocks and each row block's captions into column
-chunks, so every ground-truth pair lies in a *home* tile (a row block and one of its own chunks).
-The first pass computes the home tiles: the ground-truth scores ``S[gt(c), c]`` and each image's
-best ground-truth score come from them, and a home tile whose row block has a single chunk (the
-usual case: 1024 images x 5 captions per tile) is counted right away. The second pass counts every
-other tile (a row block with several chunks recomputes its home tiles, which gives the same bits).
-Each counted tile adds, per row and column, ``#{S >= threshold}`` (as above) and ``#{S >
-threshold}`` (for the ties), minus what the tile's own ground-truth pairs contributed. With
-``topk``, the same pass keeps each query's K best candidates (per-tile top-K merged across tiles;
-ties: lower index first; NaN last, listed as -inf). Peak memory beyond the inputs:
+Two passes over the tiles of the distinct matrix (:func:`rank_tiles`). Its single columns (one caption
+each) are grouped by the row of their ground truth and cut with the rows, so each row block's own
+chunks (its *home* tiles) hold their ground-truth pairs; the shared columns (several captions each)
+come last. The first pass takes the ground-truth scores ``S[gt(c), c]`` and each image's best one from
+the shared columns' tiles that hold ground-truth pairs, then from the home tiles, and counts a home
+tile right away when its row block has a single chunk (the usual case: 1024 images x 5 captions per
+tile). The second pass counts every other tile (recomputed tiles give the same bits). Each counted
+tile adds, per image and caption reading from it, ``#{S >= threshold}`` (as above) and ``#{S >
+threshold}`` (for the ties), each distinct candidate weighted by the inputs it stands for, minus what
+the tile's own ground-truth pairs contributed. With ``topk``, the same pass keeps each query's K best
+candidates (per-tile top-K merged across tiles; ties: lower index first; NaN last, listed as -inf).
+An expanded tile (the rows of copies gathered) is processed in pieces no larger than a tile. Peak
+memory beyond the inputs:
 
 * cosine: the tile, ``block_images x block_captions`` float32 (plus bool tiles of the same shape); the
   cosine is that of unit rows (:func:`train.evaluate.inputs.unit_rows`: any row not of norm 1 is
   scaled in float64, which copies that side's matrix once; a model's own unit-norm output is used as
-  it is, bit for bit);
+  it is, bit for bit); with duplicates, one copy of the distinct rows;
 * order on the CPU: the tile (default at most 1024 x 8192, 32 MB; 256 x 1024 at d = 8192), from the
   fused kernels of :func:`train.similarity.order_violation`, which build no broadcast. The
   evaluation chooses the kernel once for all its tiles (:mod:`train.evaluate.order_kernel`): the
@@ -76,20 +76,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from train.evaluate.layout import RankingLayout
 from train.evaluate.metrics import Ranks
+from train.evaluate.topk import Index as _Index
+from train.evaluate.topk import TopK as _TopK
 from vsecore.errors import UserError
 
-#: a tile callback receives (image_start, image_stop, caption_start, caption_stop) of every tile
-TileHook = Callable[[int, int, int, int], None]
+#: a tile callback receives the number of (image, caption) pairs of every tile counted
+TileHook = Callable[[int], None]
 #: ``(i0, i1, c0, c1) -> S[i0:i1, c0:c1]``: a (B, Cb) float tile of the similarity matrix, on the
 #: ranking device, larger = more similar
 TileSource = Callable[[int, int, int, int], torch.Tensor]
 #: where warnings and notes go: one line per call
 Log = Callable[[str], None]
-
-#: placeholder index of an empty top-K slot: sorts after every real index
-_NO_INDEX = 1 << 62
-
 
 @dataclass
 class TileStats:
@@ -149,119 +148,152 @@ def _split_range(start: int, stop: int, size: int) -> list[tuple[int, int]]:
     return [(start + count * j // pieces, start + count * (j + 1) // pieces) for j in range(pieces)]
 
 
-def _stable_topk(scores: torch.Tensor, k: int, candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top ``k`` of each row of ``scores`` (Q, C): values and positions, descending, NaN as -inf.
+@dataclass(frozen=True)
+class _Members:
+    """The images (or captions) that read their scores from distinct rows (columns) ``lo:hi``.
 
-    Among candidates equal to the k-th score, those with the lowest index in ``candidates`` (C,)
-    are kept (``torch.topk`` leaves that choice unspecified).
+    ``index`` (k,): their input indices and ``local`` (k,): their distinct row minus ``lo``, both
+    ``None`` when they are exactly the inputs ``lo:hi`` in order (no duplicates: the usual case, read
+    without a gather); ``weight`` (hi - lo,): the multiplicities, ``None`` when all are 1.
     """
-    s = scores.masked_fill(torch.isnan(scores), -math.inf)
-    values, positions = s.topk(k, dim=1)
-    kth = values[:, -1:]
-    above = (s > kth).sum(1)
-    tied = (s == kth).sum(1)
-    ambiguous = torch.nonzero(above + tied > k)[:, 0]
-    if ambiguous.numel():
-        sub = s.index_select(0, ambiguous)
-        sub_kth = kth.index_select(0, ambiguous)
-        need = k - above.index_select(0, ambiguous)  # >= 1: the k-th score itself is tied
-        # the tied candidates with the lowest indices: indices are distinct, so this is deterministic
-        key = torch.where(sub == sub_kth, candidates[None, :], _NO_INDEX)
-        lowest = key.topk(int(need.max()), dim=1, largest=False).indices
-        lowest = torch.where(torch.arange(lowest.shape[1], device=s.device)[None, :] < need[:, None],
-                             lowest, lowest[:, :1])
-        take = (sub > sub_kth).scatter_(1, lowest, True)
-        chosen = torch.nonzero(take)[:, 1].view(-1, k)  # k positions per row
-        positions[ambiguous] = chosen
-        values[ambiguous] = sub.gather(1, chosen)
-    return values, positions
+
+    lo: int
+    hi: int
+    device: torch.device
+    index: torch.Tensor | None = None
+    local: torch.Tensor | None = None
+    weight: torch.Tensor | None = None
+
+    @property
+    def count(self) -> int:
+        """The number of inputs (images or captions) these rows score."""
+        return self.hi - self.lo if self.index is None else self.index.numel()
+
+    def all(self) -> _Index:
+        """Every input, as a slice or an index tensor."""
+        return slice(self.lo, self.hi) if self.index is None else self.index
+
+    def indices(self) -> torch.Tensor:
+        """Every input, as an index tensor (k,)."""
+        if self.index is None:
+            return torch.arange(self.lo, self.hi, device=self.device)
+        return self.index
+
+    def pieces(self, size: int) -> Iterator[tuple[_Index, torch.Tensor | None]]:
+        """``(inputs, local)`` in pieces of at most ``max(size, hi - lo)`` inputs (so an expanded tile is
+        never larger than a tile); ``local`` ``None``: the tile's rows (columns) as they are."""
+        if self.index is None:
+            yield slice(self.lo, self.hi), None
+            return
+        size = max(size, self.hi - self.lo, 1)
+        for a in range(0, self.index.numel(), size):
+            yield self.index[a:a + size], self.local[a:a + size]
 
 
-class _TopK:
-    """The K best candidates of ``queries`` queries, merged tile by tile (memory O(queries x K))."""
+def _members(keys: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, lo: int, hi: int) -> _Members:
+    """The inputs whose distinct row is in ``lo:hi``: ``keys`` (sorted distinct row of each input, in
+    ``order``), ``weights`` (U,) the multiplicities."""
+    a, b = torch.searchsorted(keys, torch.tensor([lo, hi], device=keys.device)).tolist()
+    index = order[a:b]
+    weighted = b - a != hi - lo
+    if not weighted and bool((index == torch.arange(lo, hi, device=index.device)).all()):
+        return _Members(lo, hi, keys.device)
+    return _Members(lo, hi, keys.device, index, keys[a:b] - lo, weights[lo:hi] if weighted else None)
 
-    def __init__(self, queries: int, k: int, device: torch.device) -> None:
-        self.queries, self.k, self.device = queries, k, device
-        self.values: torch.Tensor | None = None
-        self.indices = torch.full((queries, k), _NO_INDEX, dtype=torch.int64, device=device)
 
-    def update(self, q0: int, q1: int, scores: torch.Tensor, candidates: torch.Tensor) -> None:
-        """Merge ``scores`` (q1 - q0, C) of candidates with indices ``candidates`` (C,) into queries q0:q1."""
-        if self.values is None:
-            self.values = torch.full((self.queries, self.k), -math.inf, dtype=scores.dtype,
-                                     device=self.device)
-        values, positions = _stable_topk(scores, min(self.k, scores.shape[1]), candidates)
-        all_values = torch.cat([self.values[q0:q1], values], dim=1)
-        all_indices = torch.cat([self.indices[q0:q1], candidates[positions]], dim=1)
-        # order by index, then a stable sort by score: equal scores keep the lower index first
-        by_index = all_indices.argsort(dim=1)
-        all_values, all_indices = all_values.gather(1, by_index), all_indices.gather(1, by_index)
-        best = all_values.sort(dim=1, descending=True, stable=True).indices[:, :self.k]
-        self.values[q0:q1] = all_values.gather(1, best)
-        self.indices[q0:q1] = all_indices.gather(1, best)
+def _weighted_sum(mask: torch.Tensor, weight: torch.Tensor | None, dim: int) -> torch.Tensor:
+    """``mask.sum(dim)``, each element counted ``weight`` times (weight along the other dimension)."""
+    if weight is None:
+        return mask.sum(dim, dtype=torch.int32)
+    w = weight[None, :] if dim == 1 else weight[:, None]
+    return (mask * w).sum(dim)
 
 
 class _Counts:
     """Per-query counts of one ranking: candidates ``>=`` and ``>`` the ground truth, both directions."""
 
-    def __init__(self, n: int, caption_image: torch.Tensor, device: torch.device, topk: int,
-                 caption_ids: torch.Tensor, count_nan: bool) -> None:
-        m = caption_image.numel()
-        self.ci = caption_image
-        self.caption_ids = caption_ids
+    def __init__(self, layout: RankingLayout, blocks: BlockSizes, device: torch.device, topk: int,
+                 count_nan: bool) -> None:
+        n, m = layout.n_images, layout.caption_image.numel()
+        self.layout, self.blocks, self.device = layout, blocks, device
+        self.ci = layout.caption_image
         self.count_nan = count_nan
-        self.device = device
         zeros = {"dtype": torch.int64, "device": device}
         self.against_i2t, self.above_i2t = torch.zeros(n, **zeros), torch.zeros(n, **zeros)
         self.against_t2i, self.above_t2i = torch.zeros(m, **zeros), torch.zeros(m, **zeros)
         self.nan = torch.zeros((), **zeros)
         self.gt: torch.Tensor | None = None  # S[gt(c), c] (M,), in the tiles' dtype
         self.best: torch.Tensor | None = None  # max over an image's captions (N,), NaN as -inf
-        self.n, self.m = n, m
         self.topk_i2t = _TopK(n, min(topk, m), device) if topk > 0 else None
         self.topk_t2i = _TopK(m, min(topk, n), device) if topk > 0 else None
 
-    def own_scores(self, tile: torch.Tensor, i0: int, c0: int, c1: int) -> torch.Tensor:
-        """The ground-truth pairs' scores (c1 - c0,) in a home tile (all its captions are of its images)."""
-        cols = torch.arange(c1 - c0, device=tile.device)
-        return tile[self.ci[c0:c1] - i0, cols]
+    def own_scores(self, tile: torch.Tensor, rows: _Members, cols: _Members, own: _Index) -> torch.Tensor:
+        """The scores (k,) of the ground-truth pairs of captions ``own``, all in this tile."""
+        r = self.layout.image_row[self.ci[own]] - rows.lo
+        c = self.layout.caption_col[own] - cols.lo
+        return tile[r, c]
 
-    def set_ground_truth(self, tile: torch.Tensor, i0: int, c0: int, c1: int) -> None:
-        """Take the ground-truth scores of captions c0:c1 from their home tile."""
+    def set_ground_truth(self, tile: torch.Tensor, rows: _Members, cols: _Members, own: _Index) -> None:
+        """Take the ground-truth scores of the captions ``own`` from the tile that holds them."""
         if self.gt is None:
-            self.gt = torch.empty(self.m, dtype=tile.dtype, device=self.device)
-            self.best = torch.full((self.n,), -math.inf, dtype=tile.dtype, device=self.device)
-        own = self.own_scores(tile, i0, c0, c1)
-        self.gt[c0:c1] = own
+            self.gt = torch.empty(self.ci.numel(), dtype=tile.dtype, device=self.device)
+            self.best = torch.full((self.layout.n_images,), -math.inf, dtype=tile.dtype, device=self.device)
+        scores = self.own_scores(tile, rows, cols, own)
+        self.gt[own] = scores
         # a NaN caption score must not hide the image's other captions: its own rank is the worst
-        self.best.scatter_reduce_(0, self.ci[c0:c1], own.masked_fill(torch.isnan(own), -math.inf), "amax")
+        self.best.scatter_reduce_(0, self.ci[own], scores.masked_fill(torch.isnan(scores), -math.inf), "amax")
 
-    def count(self, tile: torch.Tensor, i0: int, i1: int, c0: int, c1: int, home: bool) -> None:
-        """Add the tile S[i0:i1, c0:c1] to the counts; ``home``: it holds ground-truth pairs."""
-        rows, cols = tile.shape
-        row_threshold = self.best[i0:i1, None]
-        col_threshold = self.gt[None, c0:c1]
-        # ">= threshold" counted as "not < threshold": NaN scores and NaN thresholds count too
-        self.against_i2t[i0:i1] += cols - (tile < row_threshold).sum(1, dtype=torch.int32)
-        self.above_i2t[i0:i1] += (tile > row_threshold).sum(1, dtype=torch.int32)
-        self.against_t2i[c0:c1] += rows - (tile < col_threshold).sum(0, dtype=torch.int32)
-        self.above_t2i[c0:c1] += (tile > col_threshold).sum(0, dtype=torch.int32)
+    def count(self, tile: torch.Tensor, rows: _Members, cols: _Members, own: _Index | None) -> None:
+        """Add the tile of distinct rows ``rows`` x columns ``cols`` to the counts of every image and caption
+        they score; ``own``: the captions whose ground-truth pair lies in it."""
+        # image-to-text: each image against the tile's columns, each column counted once per caption
+        total = cols.hi - cols.lo if cols.weight is None else int(cols.weight.sum())
+        for images, local in rows.pieces(self.blocks.images):
+            part = tile if local is None else tile.index_select(0, local)
+            # ">= threshold" counted as "not < threshold": NaN scores and NaN thresholds count too
+            threshold = self.best[images][:, None]
+            self.against_i2t[images] += total - _weighted_sum(part < threshold, cols.weight, 1)
+            self.above_i2t[images] += _weighted_sum(part > threshold, cols.weight, 1)
+        # text-to-image: each caption against the tile's rows, each row counted once per image
+        total = rows.hi - rows.lo if rows.weight is None else int(rows.weight.sum())
+        for captions, local in cols.pieces(self.blocks.captions):
+            part = tile if local is None else tile.index_select(1, local)
+            threshold = self.gt[captions][None, :]
+            self.against_t2i[captions] += total - _weighted_sum(part < threshold, rows.weight, 0)
+            self.above_t2i[captions] += _weighted_sum(part > threshold, rows.weight, 0)
         if self.count_nan:
-            self.nan += torch.isnan(tile).sum()
-        if home:
+            nan = torch.isnan(tile)
+            if rows.weight is not None:
+                nan = nan * rows.weight[:, None]
+            if cols.weight is not None:
+                nan = nan * cols.weight[None, :]
+            self.nan += nan.sum()
+        if own is not None:
             # a caption and its own image never count against each other: take back exactly what
             # the comparisons above counted for those pairs
-            own = self.own_scores(tile, i0, c0, c1)
-            images = self.ci[c0:c1]
+            scores = self.own_scores(tile, rows, cols, own)
+            images = self.ci[own]
             best = self.best[images]
-            self.against_i2t.index_add_(0, images, -(~(own < best)).long())
-            self.above_i2t.index_add_(0, images, -(own > best).long())
-            gt = self.gt[c0:c1]
-            self.against_t2i[c0:c1] -= (~(own < gt)).long()
-            self.above_t2i[c0:c1] -= (own > gt).long()
+            self.against_i2t.index_add_(0, images, -(~(scores < best)).long())
+            self.above_i2t.index_add_(0, images, -(scores > best).long())
+            gt = self.gt[own]
+            self.against_t2i[own] -= (~(scores < gt)).long()
+            self.above_t2i[own] -= (scores > gt).long()
         if self.topk_i2t is not None:
-            self.topk_i2t.update(i0, i1, tile, self.caption_ids[c0:c1])
-            self.topk_t2i.update(c0, c1, tile.t(), torch.arange(i0, i1, device=tile.device))
+            self._topk(tile, rows, cols)
+
+    def _topk(self, tile: torch.Tensor, rows: _Members, cols: _Members) -> None:
+        def ids(index: _Index) -> torch.Tensor:
+            if isinstance(index, slice):
+                return torch.arange(index.start, index.stop, device=self.device)
+            return index
+
+        for images, row_local in rows.pieces(self.blocks.images):
+            part = tile if row_local is None else tile.index_select(0, row_local)
+            for captions, col_local in cols.pieces(self.blocks.captions):
+                scores = part if col_local is None else part.index_select(1, col_local)
+                self.topk_i2t.update(images, scores, ids(captions))
+                self.topk_t2i.update(captions, scores.t(), ids(images))
 
     def ranks(self) -> Ranks:
         def numpy(t: torch.Tensor | None) -> np.ndarray | None:
@@ -310,65 +342,87 @@ def _intra_op_threads(threads: int) -> Iterator[None]:
 
 
 @torch.no_grad()
-def rank_tiles(tiles: TileSource, caption_image: torch.Tensor, n_images: int, blocks: BlockSizes,
-               device: torch.device, topk: int = 0, stats: TileStats | None = None,
-               on_tile: TileHook | None = None, caption_ids: torch.Tensor | None = None,
+def rank_tiles(tiles: TileSource, layout: RankingLayout, blocks: BlockSizes, device: torch.device,
+               topk: int = 0, stats: TileStats | None = None, on_tile: TileHook | None = None,
                nan_possible: bool = True) -> Ranks:
     """Ranks of every query from the tiles of a similarity matrix: the one counting kernel.
 
     Args:
-        tiles: the tile source, ``(i0, i1, c0, c1) -> S[i0:i1, c0:c1]`` on ``device``.
-        caption_image: (M,) int64, the image of each caption, grouped (non-decreasing), every image
-            in ``0..n_images-1`` with at least one caption.
-        n_images: N; blocks: the largest tile (split evenly, see the module docstring).
-        topk: K > 0 also keeps each query's K best candidates.
+        tiles: the tile source over the *distinct* rows and columns of ``layout``,
+            ``(r0, r1, c0, c1) -> U[r0:r1, c0:c1]`` on ``device``; for :meth:`RankingLayout.grouped`
+            these are the images and captions themselves.
+        layout: how images and captions read their scores from the distinct matrix; every image in
+            ``0..N-1`` with at least one caption.
+        blocks: the largest tile (split evenly, see the module docstring).
+        topk: K > 0 also keeps each query's K best candidates (named by input index).
         stats: filled with the number and largest shape of the tiles built.
-        on_tile: called with ``(i0, i1, c0, c1)`` for every tile counted (each pair exactly once).
-        caption_ids: (M,) distinct int64, the index the top-K lists give each caption (and break
-            ties by); default ``0..M-1``.
+        on_tile: called with the number of (image, caption) pairs each counted tile scores (the
+            pairs of the N x M matrix: each exactly once over the call).
         nan_possible: ``False`` when no score can be NaN (it saves one pass over every tile to
             count them; NaN scores rank the same either way).
 
     Returns:
-        :class:`Ranks` in the given order.
+        :class:`Ranks` of the N images and M captions, in their input order.
     """
-    ci = caption_image.to(device=device, dtype=torch.int64)
-    if caption_ids is None:
-        caption_ids = torch.arange(ci.numel(), device=device)
     stats = stats if stats is not None else TileStats()
-    row_blocks = _split_range(0, n_images, blocks.images)
-    starts = torch.tensor([i0 for i0, _ in row_blocks] + [n_images], dtype=torch.int64)
-    bounds = torch.searchsorted(ci.cpu(), starts).tolist()
-    chunks = [_split_range(bounds[r], bounds[r + 1], blocks.captions) for r in range(len(row_blocks))]
-    counts = _Counts(n_images, ci, device, topk, caption_ids.to(device), nan_possible)
+    counts = _Counts(layout, blocks, device, topk, nan_possible)
     threads = _counting_threads(device)
+    row_keys, row_order = torch.sort(layout.image_row, stable=True)
+    col_keys, col_order = torch.sort(layout.caption_col, stable=True)
+    row_blocks = [_members(row_keys, row_order, layout.image_weight, a, b)
+                  for a, b in _split_range(0, layout.rows, blocks.images)]
+    # the single (unshared) columns are grouped by the row of their ground truth: each row block's own
+    # columns, split into chunks, hold all their ground-truth pairs; the shared columns come last
+    home = layout.home_rows.numel()
+    starts = torch.tensor([rows.lo for rows in row_blocks] + [layout.rows], dtype=torch.int64)
+    bounds = torch.searchsorted(layout.home_rows.cpu(), starts).tolist()
+    home_chunks = [[_members(col_keys, col_order, layout.caption_weight, a, b)
+                    for a, b in _split_range(bounds[r], bounds[r + 1], blocks.captions)]
+                   for r in range(len(row_blocks))]
+    shared_chunks = [_members(col_keys, col_order, layout.caption_weight, a, b)
+                     for a, b in _split_range(home, layout.cols, blocks.captions)]
+    # the distinct row of each shared caption's ground truth: which tiles hold its pair
+    shared_rows = [layout.image_row[layout.caption_image[cols.indices()]] for cols in shared_chunks]
 
-    def tile_of(i0: int, i1: int, c0: int, c1: int) -> torch.Tensor:
-        tile = tiles(i0, i1, c0, c1)
+    def tile_of(rows: _Members, cols: _Members) -> torch.Tensor:
+        tile = tiles(rows.lo, rows.hi, cols.lo, cols.hi)
         stats.record(*tile.shape)
         return tile
 
-    def count(tile: torch.Tensor, i0: int, i1: int, c0: int, c1: int, home: bool) -> None:
-        with _intra_op_threads(threads):
-            counts.count(tile, i0, i1, c0, c1, home)
-        if on_tile is not None:
-            on_tile(i0, i1, c0, c1)
+    def shared_own(rows: _Members, k: int) -> torch.Tensor | None:
+        inside = (shared_rows[k] >= rows.lo) & (shared_rows[k] < rows.hi)
+        return shared_chunks[k].indices()[inside] if bool(inside.any()) else None
 
-    # pass 1: the ground-truth scores, from the home tiles that will be counted
-    for (i0, i1), own_chunks in zip(row_blocks, chunks, strict=True):
-        for c0, c1 in own_chunks:
-            tile = tile_of(i0, i1, c0, c1)
-            counts.set_ground_truth(tile, i0, c0, c1)
-            if len(own_chunks) == 1:  # the row block's thresholds are complete: count it now
-                count(tile, i0, i1, c0, c1, home=True)
+    def count(tile: torch.Tensor, rows: _Members, cols: _Members, own: _Index | None) -> None:
+        with _intra_op_threads(threads):
+            counts.count(tile, rows, cols, own)
+        if on_tile is not None:
+            on_tile(rows.count * cols.count)
+
+    # pass 1: the ground-truth scores, from the tiles that will be counted: the shared columns'
+    # first (their pairs lie in any row block), then each row block's own chunks, counted right away
+    # when a single chunk completes the thresholds of every row and column of the tile
+    for rows in row_blocks:
+        for k, cols in enumerate(shared_chunks):
+            own = shared_own(rows, k)
+            if own is not None:
+                counts.set_ground_truth(tile_of(rows, cols), rows, cols, own)
+    for rows, own_chunks in zip(row_blocks, home_chunks, strict=True):
+        for cols in own_chunks:
+            tile = tile_of(rows, cols)
+            counts.set_ground_truth(tile, rows, cols, cols.all())
+            if len(own_chunks) == 1:
+                count(tile, rows, cols, cols.all())
             del tile
-    # pass 2: every other tile
-    for r, (i0, i1) in enumerate(row_blocks):
-        for home_r, own_chunks in enumerate(chunks):
+    # pass 2: every other tile (a recomputed tile has the same bits: same inputs, same shape)
+    for r, rows in enumerate(row_blocks):
+        for home_r, own_chunks in enumerate(home_chunks):
             if home_r == r and len(own_chunks) == 1:
                 continue
-            for c0, c1 in own_chunks:
-                count(tile_of(i0, i1, c0, c1), i0, i1, c0, c1, home=home_r == r)
+            for cols in own_chunks:
+                count(tile_of(rows, cols), rows, cols, cols.all() if home_r == r else None)
+        for k, cols in enumerate(shared_chunks):
+            count(tile_of(rows, cols), rows, cols, shared_own(rows, k))
     return counts.ranks()
 
 
@@ -392,6 +446,10 @@ def embedding_ranks(images: torch.Tensor, captions: torch.Tensor, caption_image:
                     on_tile: TileHook | None = None, nan_possible: bool = True) -> Ranks:
     """:func:`rank_tiles` on embeddings (already checked, on ``device``), captions in any order.
 
+    Each distinct embedding is scored once (:meth:`RankingLayout.distinct`): bit-identical rows get
+    bit-identical scores on every kernel, so the tie rule holds by construction, and duplicated rows
+    cost nothing extra.
+
     Args:
         images: (N, d); captions: (M, d); caption_image: (M,) int64, the image of each caption.
         score: images (B, d), captions (C, d) -> the (B, C) tile (one kernel for every tile:
@@ -399,37 +457,19 @@ def embedding_ranks(images: torch.Tensor, captions: torch.Tensor, caption_image:
         blocks, device, topk, stats, on_tile, nan_possible: as in :func:`rank_tiles`.
 
     Returns:
-        :class:`Ranks` in the input's caption order.
+        :class:`Ranks` in the input's image and caption order.
     """
-    order = None
-    if caption_image.numel() > 1 and not bool((caption_image[1:] >= caption_image[:-1]).all()):
-        # the counting kernel needs captions grouped by image: one sorted copy of the captions
-        order = torch.argsort(caption_image, stable=True)
-        captions, caption_image = captions.index_select(0, order), caption_image[order]
+    layout, image_rows, caption_rows = RankingLayout.distinct(images, captions, caption_image, device)
+    if image_rows is not None:
+        images = images.index_select(0, image_rows)
+    if caption_rows is not None:
+        # the distinct captions, single ones grouped by image: one copy
+        captions = captions.index_select(0, caption_rows)
 
-    def tiles(i0: int, i1: int, c0: int, c1: int) -> torch.Tensor:
-        return score(images[i0:i1], captions[c0:c1])
+    def tiles(r0: int, r1: int, c0: int, c1: int) -> torch.Tensor:
+        return score(images[r0:r1], captions[c0:c1])
 
-    ranks = rank_tiles(tiles, caption_image, images.shape[0], blocks, device, topk, stats, on_tile, order,
-                       nan_possible)
-    return ranks if order is None else _unsort_captions(ranks, order.cpu().numpy())
-
-
-def _unsort_captions(ranks: Ranks, order: np.ndarray) -> Ranks:
-    """Ranks computed on captions ``order`` (sorted by image), back in the input's caption order.
-
-    (The top-K lists already name captions by their input index: ``caption_ids`` of :func:`rank_tiles`.)
-    """
-    def back(values: np.ndarray | None) -> np.ndarray | None:
-        if values is None:
-            return None
-        out = np.empty_like(values)
-        out[order] = values
-        return out
-
-    return Ranks(i2t=ranks.i2t, t2i=back(ranks.t2i), i2t_ties=ranks.i2t_ties, t2i_ties=back(ranks.t2i_ties),
-                 nan_scores=ranks.nan_scores, i2t_topk=ranks.i2t_topk, i2t_topk_scores=ranks.i2t_topk_scores,
-                 t2i_topk=back(ranks.t2i_topk), t2i_topk_scores=back(ranks.t2i_topk_scores))
+    return rank_tiles(tiles, layout, blocks, device, topk, stats, on_tile, nan_possible)
 
 
 def matrix_tiles(sims: np.ndarray, transposed: bool, device: torch.device, row0: int = 0,
