@@ -16,7 +16,8 @@ of a prepared classification dataset (by default the sample of ``agnews-sample-c
   tokenized them (lowercased spaCy tokens joined by spaces), which is fastText's own normalisation.
 
 The test texts are evaluated clean and with 10% and 25% of their characters replaced
-(:func:`train.evaluate.analysis.add_character_noise`, seeded per ratio as the retrieval analysis); fastText
+(:func:`train.retrieval.evaluate.analysis.add_character_noise`, seeded per ratio as the retrieval analysis);
+fastText
 reads the noisy texts tokenized the same way. Parameters: the toolkit's trainable parameters;
 fastText's input matrix (words + hash buckets, ``dim`` wide) plus its output layer, as allocated.
 Training time: CPU seconds of this process (``time.process_time``) and wall seconds; on a shared
@@ -43,7 +44,7 @@ import numpy as np
 
 from pipelines.schema import get_pipeline
 from prep.textcls import TextClsDataset
-from train.evaluate.analysis import add_character_noise, caption_alphabet
+from train.retrieval.evaluate.analysis import add_character_noise, caption_alphabet
 from vsecore import console
 
 MODELS = ("chain-v1", "chain-v2", "word-gru", "fasttext")
@@ -65,7 +66,8 @@ def noisy_sets(texts: list[str], ratios: list[float], seed: int) -> dict[float, 
 def run_toolkit(name: str, args: argparse.Namespace, data: Path, sets: dict[float, list[str]]
                 ) -> dict[str, Any]:
     """Train one toolkit model with ``train classify`` and evaluate it on every noise level."""
-    from train.classify import load_classification_run, run_classification
+    from train.classification.fit import run_classification
+    from train.classification.run import load_classification_run
 
     base = get_pipeline(args.pipeline).classify
     update: dict[str, Any] = {"data": str(data), "out": str(Path(args.out) / name)}

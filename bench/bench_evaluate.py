@@ -61,7 +61,7 @@ def run_one(measure: str, dim: int, images: int, per_image: int, device: str, th
     """Evaluate one configuration in this process; returns the measurements."""
     import torch
 
-    from train.evaluate import OrderKernel, TileStats, ground_truth_ranks, vsepp_caption_image
+    from train.retrieval.evaluate import OrderKernel, TileStats, ground_truth_ranks, vsepp_caption_image
 
     if threads:
         torch.set_num_threads(threads)

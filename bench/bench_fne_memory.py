@@ -6,7 +6,8 @@ FNE), one 16 wide. Each measurement runs in a fresh Python process and reads its
 size (``ru_maxrss``):
 
 * ``train W`` / ``train 16``: ``train vse`` (SOE) on ``STORE:fne`` for one epoch (one caption per
-  image, batch 128), validation and test evaluation included, through :func:`train.fit.run_training`.
+  image, batch 128), validation and test evaluation included, through
+  :func:`train.retrieval.fit.run_training`.
   Everything but the feature array is the same in both (dataset, captions, evaluation, torch), so
   ``train W - train 16`` is what the features cost;
 * ``dense``: ``features.store.read_matrix(STORE:fne)`` of the wide store without ``keep_dtype``, i.e.
@@ -37,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 MIB = 2**20
-#: rows per block of train.inference.embed_images (validation and test images)
+#: rows per block of train.engine.inference.embed_images (validation and test images)
 EMBED_ROWS = 1024
 WORDS = ("a man woman dog cat red blue small large sits stands on in near the table street field car bus "
          "with two of grass water plate").split()
@@ -51,7 +52,7 @@ import torch
 torch.set_num_threads(1)
 from features.store_read import read_matrix
 from train.models.family import train_settings
-from train import fit
+from train.retrieval import fit
 if spec["mode"] == "train":
     fit.run_training(train_settings(**spec["settings"]), overwrite=True, log=lambda message: None)
 elif spec["mode"] == "dense":
@@ -132,7 +133,7 @@ def main() -> int:
     import torch
 
     from train.models.family import model_spec, train_settings, with_family_defaults
-    from train.models.vse import build_model
+    from train.models.joint import build_model
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.work or tmp)

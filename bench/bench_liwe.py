@@ -5,8 +5,10 @@ similarity matrix in 0.15 s on CPU; CLMR+LIWE in 5.11 s and 0.14 s. This script 
 the toolkit's own evaluation path: random weights (``d = 1024``, LIWE(128,256), ``C_w = 26``, alphabet 101),
 random region features of the paper's shape (36 x 2048, all regions real), random captions of COCO length
 (words normal(10.5, 2.5) clipped to 5..30, words of 2..10 characters), embedded with
-:func:`train.inference.embed_images` / :func:`train.inference.embed_codes` (eval mode, no gradients) and
-scored with :func:`train.similarity.similarity` (cosine: one (1000, 5000) matrix product). Prints one line
+:func:`train.engine.inference.embed_images` / :func:`train.engine.inference.embed_codes` (eval mode, no
+gradients) and
+scored with :func:`train.engine.similarity.similarity` (cosine: one (1000, 5000) matrix product). Prints one
+line
 per model and stage (mean and min over ``--repeats`` after ``--warmup`` untimed calls); nothing is asserted.
 
     .venv/bin/python bench/bench_liwe.py                  # CPU, torch's default threads
@@ -29,11 +31,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prep.dataset import Vocabulary  # noqa: E402
-from train.data import ImageRows, TextCodec  # noqa: E402
-from train.inference import embed_codes, embed_images  # noqa: E402
+from train.engine.data import ImageRows, TextCodec  # noqa: E402
+from train.engine.inference import embed_codes, embed_images  # noqa: E402
+from train.engine.similarity import similarity  # noqa: E402
 from train.models.family import train_settings  # noqa: E402
-from train.models.vse import build_model  # noqa: E402
-from train.similarity import similarity  # noqa: E402
+from train.models.joint import build_model  # noqa: E402
 from vsecore.device import resolve_device  # noqa: E402
 
 

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from train.losses import contrastive_loss
+from train.engine.losses import contrastive_loss
 from train.models import VisualSemanticEmbedding, create_image_encoder, create_text_encoder
 
 

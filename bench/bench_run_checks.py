@@ -1,6 +1,7 @@
 """What the run-directory checks cost a reader of a run: ``train evaluate --run`` with and without them.
 
-Times :func:`train.evaluate.cli.evaluate_run` on a run (its default outputs in ``RUN/eval``) ``--repeat``
+Times :func:`train.retrieval.evaluate.run.evaluate_run` on a run (its default outputs in ``RUN/eval``)
+``--repeat``
 times with every check of ``docs/safety.md`` (output paths, the dataset files' fingerprints, the
 feature matrix's fingerprint), then as many times with those checks replaced by no-ops, alternating,
 and prints the medians, their difference, and each check timed alone (the dataset check both on its
@@ -19,8 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from train import runs  # noqa: E402
-from train.evaluate import cli as evaluate_cli  # noqa: E402
+from train.retrieval import loaded  # noqa: E402
+from train.retrieval.evaluate import run as evaluate_cli  # noqa: E402
+from train.retrieval.open import load_run  # noqa: E402
+from train.run import config as runs  # noqa: E402
 
 
 def _timed(fn: object, repeat: int) -> float:
@@ -45,17 +48,17 @@ def main() -> None:
     def evaluate() -> None:
         evaluate_cli.evaluate_run(run_dir, device=args.device, log=quiet)
 
-    real = (evaluate_cli.check_run_outputs, runs.changed_dataset_files, runs.features_fingerprint)
+    real = (evaluate_cli.check_run_outputs, loaded.changed_dataset_files, loaded.features_fingerprint)
     config = runs.read_config(run_dir)
     recorded = config["fingerprints"]["features"]
 
     def checks_off() -> None:
         evaluate_cli.check_run_outputs = lambda *a, **k: None
-        runs.changed_dataset_files = lambda *a, **k: []
-        runs.features_fingerprint = lambda *a, **k: recorded
+        loaded.changed_dataset_files = lambda *a, **k: []
+        loaded.features_fingerprint = lambda *a, **k: recorded
 
     def checks_on() -> None:
-        evaluate_cli.check_run_outputs, runs.changed_dataset_files, runs.features_fingerprint = real
+        evaluate_cli.check_run_outputs, loaded.changed_dataset_files, loaded.features_fingerprint = real
 
     evaluate()  # warm-up: imports, page cache
     with_checks, without = [], []
@@ -75,8 +78,8 @@ def main() -> None:
     t_stat = _timed(lambda: runs.changed_dataset_files(config, data), 20)
     no_stats = {k: v for k, v in config.items() if k != "fingerprint_stats"}
     t_hash = _timed(lambda: runs.changed_dataset_files(no_stats, data), 3)
-    loaded = runs.load_run(run_dir, "best", args.device)
-    x, valid = loaded.features
+    opened = load_run(run_dir, "best", args.device)
+    x, valid = opened.features
     t_feat = _timed(lambda: runs.features_fingerprint(x, valid), 5)
     print(f"alone: output paths {1e3 * t_out:.2f} ms; dataset files {1e3 * t_stat:.2f} ms by size and "
           f"mtime, {1e3 * t_hash:.1f} ms re-hashed; feature fingerprint of the {x.shape} matrix "

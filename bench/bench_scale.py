@@ -19,9 +19,10 @@ Every store is written block by block with :class:`features.store.FeatureStore` 
 ``features``), records the dataset's ``images_sha256`` and is complete, so the readers' checks run as for
 a real one. Then, in one subprocess per family and phase (so peak memories do not mix):
 
-- ``load``: the run's data loading (``train.fit``'s own: dataset, codec, features, train and val caption
+- ``load``: the run's data loading (``train.retrieval.fit``'s own: dataset, codec, features, train and val
+caption
   sets), then one epoch's batches with the model step stubbed out (``--load-seconds`` at most);
-- ``train``: the same data, the family's model, objective and :class:`train.trainer.Trainer`, and
+- ``train``: the same data, the family's model, objective and :class:`train.engine.trainer.Trainer`, and
   ``--steps`` real optimisation steps; one step's FLOPs are counted (``torch.utils.flop_counter``);
 - ``eval``: the test split read as ``train evaluate`` reads it, embedded, and ranked under every protocol.
 
@@ -204,7 +205,7 @@ def settings_of(family: str, root: Path, scale: float) -> Any:
     """The family's train settings on the synthetic data, resolved as ``train <family>`` resolves it."""
     from prep.dataset import PreparedDataset
     from train.models.family import train_settings, with_data_defaults, with_family_defaults
-    from train.runs import absolute_settings
+    from train.run.config import absolute_settings
 
     store, key = FAMILY_FEATURES[family]
     extra = {} if scale >= 1 else {"val_protocol": "all"}  # the 5cv folds need 5,000 test images
@@ -219,9 +220,9 @@ def phase_load(family: str, root: Path, scale: float, seconds: float) -> dict[st
     import torch
 
     from prep.dataset import PreparedDataset
-    from train.data import batch_loader, epoch_batches
-    from train.fit import _load_data
+    from train.engine.data import batch_loader, epoch_batches
     from train.models.family import model_spec
+    from train.retrieval.fit import _load_data
 
     s = settings_of(family, root, scale)
     t0 = time.perf_counter()
@@ -249,11 +250,11 @@ def phase_train(family: str, root: Path, scale: float, steps: int) -> dict[str, 
     from torch.utils.flop_counter import FlopCounterMode
 
     from prep.dataset import PreparedDataset
-    from train.data import batch_loader, epoch_batches
-    from train.fit import _load_data
+    from train.engine.data import batch_loader, epoch_batches
+    from train.engine.trainer import Trainer
     from train.models.family import build_objective, model_spec
-    from train.models.vse import build_model
-    from train.trainer import Trainer
+    from train.models.joint import build_model
+    from train.retrieval.fit import _load_data
 
     s = settings_of(family, root, scale)
     train_set, val_set, config = _load_data(s, model_spec(s), PreparedDataset.load(s.data))
@@ -291,11 +292,12 @@ def phase_eval(family: str, root: Path, scale: float, eval_captions: int) -> dic
     import torch
 
     from prep.dataset import PreparedDataset
-    from train.data import codec_for, load_caption_set, read_features, read_region_counts
-    from train.evaluate import PROTOCOLS, protocol_folds
-    from train.inference import embed_codes, embed_images, retrieval_metrics
+    from train.engine.data import codec_for, load_caption_set, read_features, read_region_counts
+    from train.engine.inference import embed_codes, embed_images
     from train.models.family import model_spec
-    from train.models.vse import build_model
+    from train.models.joint import build_model
+    from train.retrieval.evaluate import PROTOCOLS, protocol_folds
+    from train.retrieval.validation import retrieval_metrics
     from vsecore.errors import UserError
 
     s = settings_of(family, root, scale)

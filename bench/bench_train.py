@@ -22,11 +22,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prep.dataset import Vocabulary  # noqa: E402
-from train.data import CaptionSet, ImageRows, TextCodec  # noqa: E402
+from train.engine.data import CaptionSet, ImageRows, TextCodec  # noqa: E402
+from train.engine.objectives import ContrastiveObjective  # noqa: E402
+from train.engine.trainer import Trainer  # noqa: E402
 from train.models.family import train_settings  # noqa: E402
-from train.models.vse import build_model  # noqa: E402
-from train.objectives import ContrastiveObjective  # noqa: E402
-from train.trainer import Trainer  # noqa: E402
+from train.models.joint import build_model  # noqa: E402
 from vsecore.device import resolve_device  # noqa: E402
 
 MODELS = {

@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from train.rundir import RunDir
+from train.run.layout import RunDir
 
 
 def _read(path: Path) -> dict:

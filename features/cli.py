@@ -16,12 +16,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from features.entry import exit_status, signal_handlers
 from features.recipe import GRID_CNN
 from features.run import run_features
+from features.signals import exit_status, signal_handlers
 from features.store import FeatureStore
 from pipelines.schema import add_pipeline_arguments, stage_settings
-from vsecore.device import DEVICE_HELP
+from vsecore.device import add_device_argument
 from vsecore.errors import UserError, add_common_options, run_cli
 
 PROG = "features"
@@ -60,7 +60,7 @@ def _extraction_options(p: argparse.ArgumentParser, kind: str) -> None:
                    if regions else "images per forward pass (each is --crops crops); default 32")
     p.add_argument("--block-size", type=int, metavar="N", default=None,
                    help="rows per block: the unit of work, of resumption and of Zarr chunks; default 256")
-    p.add_argument("--device", default=None, help=DEVICE_HELP)
+    add_device_argument(p, None)
     p.add_argument("--amp", action="store_true", default=None,
                    help="bf16 autocast on CUDA (faster; numbers differ slightly from fp32)")
     p.add_argument("--scheduler", metavar="none|local|tcp://HOST:PORT", default=None,

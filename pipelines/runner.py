@@ -17,7 +17,7 @@ the stage finished:
   train refuses a run directory that already holds a run (a checkpoint or metrics): give
   ``train.out`` a new run folder, or pass ``--overwrite`` to replace it; ``--overwrite`` removes
   only what the run wrote, and a folder holding anything else (or a dataset, a store, ``/``) is
-  refused as ``train --out`` refuses it (:class:`train.rundir.RunDir`).
+  refused as ``train --out`` refuses it (:class:`train.run.layout.RunDir`).
 
 ``--force`` treats every stage as out of date; it implies nothing destructive: prep is re-run,
 a feature store of the same configuration is resumed (only missing blocks are computed), and a
@@ -26,7 +26,6 @@ finished training run is replaced only with ``--overwrite`` as well.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import time
@@ -34,9 +33,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from features.run import run_features
 from pipelines.schema import Pipeline, default_pipelines_file, get_pipeline, load_pipelines
 from prep.dataset import RECORD_FILE, changed_inputs
-from train.rundir import RunDir
+from prep.run import run_prep
+from train.classification.evaluate import evaluate_run as evaluate_classification_run
+from train.classification.fit import run_classification
+from train.retrieval.compare import plan_from_section, run_compare
+from train.retrieval.evaluate.run import evaluate_run
+from train.retrieval.fit import run_training
+from train.run.layout import RunDir
 from vsecore.errors import UserError
 from vsecore.io import write_json_atomic
 
@@ -62,16 +68,12 @@ def _read_state(path: Path) -> dict[str, Any]:
 
 
 def _run_prep(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
-    from prep.run import run_prep
-
     run_prep(pipe.prep, overwrite=True)  # the pipeline's own prepared dataset: cheap to redo
 
 
 def _feature_stage(section: str) -> Callable[[Pipeline, bool, bool], None]:
     """The runner of a feature stage: ``features``, or ``regions`` (a second store, of region features)."""
     def run(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
-        from features.run import run_features
-
         run_features(getattr(pipe, section), overwrite=overwrite and not resume)
 
     return run
@@ -80,18 +82,10 @@ def _feature_stage(section: str) -> Callable[[Pipeline, bool, bool], None]:
 def _run_compare(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
     """``train compare`` with the section's settings; it resumes from its own folder in any case (finished
     runs are kept, the run it was in goes on)."""
-    from train.compare import Plan, parse_entries, run_compare
-
-    c = pipe.compare
-    entries = parse_entries(",".join(c.families) if c.families else None, pipe.source)
-    run_compare(Plan(data=c.data, features=c.features, regions=c.regions, entries=entries,
-                     seeds=[c.seed + k for k in range(c.seeds)], epochs=c.epochs, out=c.out, device=c.device,
-                     noise=c.noise))
+    run_compare(plan_from_section(pipe.compare, pipe.source))
 
 
 def _run_train(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
-    from train.fit import run_training
-
     # a run killed while writing its first last.pt may still have best.pt to resume from
     run = RunDir(pipe.train.out)
     has_checkpoint = run.last.is_file() or run.best.is_file()
@@ -99,15 +93,11 @@ def _run_train(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
 
 
 def _run_classify(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
-    from train.classify import run_classification
-
     has_checkpoint = RunDir(pipe.classify.out).checkpoints.is_dir()
     run_classification(pipe.classify, resume=resume and has_checkpoint, overwrite=overwrite or resume)
 
 
 def _run_evaluate(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
-    from train.evaluate.cli import evaluate_run
-
     ev = pipe.evaluate
     if pipe.classify is not None:
         _evaluate_classification(pipe)
@@ -118,15 +108,8 @@ def _run_evaluate(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
 
 def _evaluate_classification(pipe: Pipeline) -> None:
     """A classification pipeline's evaluate stage: the split's metrics and, with ``noise``, the accuracy
-    per noise ratio (``train evaluate --run`` of the run)."""
-    from train.classify_cli import evaluate_command
-    from train.cli import build_parser
-
-    noise = ["--noise", pipe.evaluate.noise] if pipe.evaluate.noise else []
-    args = build_parser().parse_args(["evaluate", "--run", pipe.classify.out, "--split", pipe.evaluate.split,
-                                      *noise])
-
-    evaluate_command(args, Path(pipe.classify.out))
+    per noise ratio (what ``train evaluate --run`` of the run does)."""
+    evaluate_classification_run(Path(pipe.classify.out), split=pipe.evaluate.split, noise=pipe.evaluate.noise)
 
 
 #: each stage's runner: ``(pipeline, resume, overwrite)``
@@ -221,41 +204,8 @@ def run_pipeline(name: str, file: str | None = None, force: bool = False, until:
         upstream = _prep_inputs_fingerprint(out, fp) if stage == "prep" else fp
 
 
-def _list(file: str | None) -> None:
+def list_pipelines(file: str | None) -> None:
     path = Path(file) if file else default_pipelines_file()
     for name, pipe in load_pipelines(path).items():
         stages = [s for s in STAGES if getattr(pipe, s) is not None]
         print(f"{name:24s} {'+'.join(stages):30s} {pipe.description.split('. ')[0].rstrip('.')}")
-
-
-def _command(args: argparse.Namespace) -> int:
-    if args.list or not args.name:
-        _list(args.pipelines)
-        return 0
-    if args.until and args.until not in STAGES:
-        raise UserError(f"--until must be one of {', '.join(STAGES)}")
-    run_pipeline(args.name, args.pipelines, force=args.force, until=args.until, overwrite=args.overwrite)
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add the ``pipeline`` subcommand to the ``train`` parser."""
-    p = sub.add_parser(
-        "pipeline",
-        help="run a named pipeline (prep -> features -> train -> evaluate), skipping up-to-date stages",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("name", nargs="?", help="pipeline name in pipelines.yaml (omit to list them)")
-    p.add_argument("--pipelines", metavar="FILE", default=None,
-                   help="pipelines file (default: $VSE_PIPELINES, ./pipelines.yaml, or the project's)")
-    p.add_argument("--list", action="store_true", help="list the pipelines and their stages, then exit")
-    p.add_argument("--force", action="store_true",
-                   help="re-run every stage even if up to date (nothing expensive is replaced without "
-                        "--overwrite)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="let a stage replace a finished training run or a feature store made with other "
-                        "settings (without it, those are an error)")
-    p.add_argument("--until", metavar="STAGE", default=None,
-                   help=f"stop after this stage ({', '.join(STAGES)})")
-    p.set_defaults(func=_command)

@@ -4,7 +4,7 @@ A pipeline has a section per stage: ``prep``, ``features``, ``train`` (or ``clas
 ``evaluate``. Each section is a schema (pydantic, ``extra="forbid"``): an unknown key, a
 wrong type or a missing required field is a :class:`~vsecore.errors.UserError` that names the file,
 the pipeline and the key. The ``train`` section is the settings of its family: the common fields
-(:class:`train.settings.TrainSection`) + the family's own (its ``Family.config``,
+(:class:`train.engine.settings.TrainSection`) + the family's own (its ``Family.config``,
 :mod:`train.models.family`), so the keys a file may use are the union of the registered families'
 settings, and a key of another family is an error that names its family. The families (and torch)
 are imported only when a file is read, so ``prep`` and ``features`` start without them.
@@ -17,7 +17,7 @@ schema's default.
 Paths in the YAML file are relative to the file's folder; ``${VAR}`` and ``${VAR:-default}``
 are expanded from the environment as the shell does (e.g. ``${COCO_ROOT}``; the default also
 replaces an empty variable, and an empty ``${VAR}`` without a default is an error).
-Downstream inputs default to upstream outputs: ``features.data`` and ``train.data`` to
+Downstream inputs default to upstream outputs: ``features.data`` and ``train.engine.data`` to
 ``prep.out``, ``train.features`` to ``features.out`` with the key of the feature kind
 (``:global`` or ``:fne``).
 """
@@ -42,7 +42,7 @@ from pydantic import (
 
 from features.settings import FeaturesSection
 from prep.settings import PrepSection
-from train.settings import ClassifySection, CompareSection, EvaluateSection, TrainSection
+from train.engine.settings import ClassifySection, CompareSection, EvaluateSection, TrainSection
 from vsecore.errors import UserError
 from vsecore.io import read_text
 from vsecore.schema import Section
@@ -279,6 +279,11 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pipeline", metavar="NAME", default=None,
                         help="take this stage's settings from the named pipeline in pipelines.yaml; "
                              "options given explicitly override them")
+    add_pipelines_file_argument(parser)
+
+
+def add_pipelines_file_argument(parser: argparse._ActionsContainer) -> None:
+    """``--pipelines FILE``: the pipelines file a ``--pipeline`` (or a pipeline name) is looked up in."""
     parser.add_argument("--pipelines", metavar="FILE", default=None,
                         help="pipelines file (default: $VSE_PIPELINES, ./pipelines.yaml, or the project's)")
 

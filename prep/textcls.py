@@ -231,7 +231,7 @@ def run_textcls_prep(settings: PrepSection, overwrite: bool = False) -> Path:
     The same checks and locking as :func:`prep.run.run_prep`: ``--out`` may not be, hold or lie in
     an input; a prepared dataset there is replaced only with ``overwrite``.
     """
-    from prep.run import _given_inputs, _os_error, check_not_input, check_out
+    from prep.out_checks import _given_inputs, _os_error, check_not_input, check_out
 
     out = Path(settings.out).expanduser().resolve()
     try:

@@ -7,10 +7,10 @@ import math
 import numpy as np
 import torch
 
-from train.evaluate import (
+from train.engine.similarity import similarity
+from train.retrieval.evaluate import (
     unit_rows,
 )
-from train.similarity import similarity
 
 # --------------------------------------------------------------------------- naive reference
 

@@ -10,8 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from train.evaluate import ground_truth_ranks, metrics_from_ranks, select_image_rows, vsepp_caption_image
-from train.evaluate.analysis import (
+from train.retrieval.evaluate import (
+    ground_truth_ranks,
+    metrics_from_ranks,
+    select_image_rows,
+    vsepp_caption_image,
+)
+from train.retrieval.evaluate.analysis import (
     add_character_noise,
     alphabet_from_chars_json,
     caption_alphabet,
@@ -131,8 +136,9 @@ def test_length_groups_and_restricted_evaluation() -> None:
 
 def fake_run(tmp_path: Path, images: torch.Tensor, texts: list[str], ci: np.ndarray, monkeypatch,
              embedded: list[str] | None = None) -> None:
-    """``train.runs`` answers with the toy encoder: a run on cosine whose test split is ``images``."""
-    import train.runs as runs
+    """``evaluate_run`` opens and embeds with the toy encoder: a run on cosine whose test split is
+    ``images``."""
+    import train.retrieval.evaluate.run as runs
 
     sentences = [SimpleNamespace(imgid=int(i)) for i in ci]
     dataset = SimpleNamespace(sentences_of=lambda split, lang: sentences)

@@ -18,8 +18,11 @@ import torch
 from test_data import make_prepared, make_store
 from test_trainer import TINY, assert_same_weights, metrics_without_timings, train_cli
 
-from train import checkpoint, fit
-from train.checkpoint import (
+from train.cli import main as train_main
+from train.retrieval import fit
+from train.retrieval.open import load_run
+from train.run import checkpoint
+from train.run.checkpoint import (
     FORMAT,
     check_plain,
     load_checkpoint,
@@ -27,8 +30,6 @@ from train.checkpoint import (
     rng_states,
     save_checkpoint,
 )
-from train.cli import main as train_main
-from train.runs import load_run
 from vsecore.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -330,7 +331,7 @@ def test_a_tampered_model_folder_is_refused(trained, tmp_path, capsys) -> None:
 
 SIGTERM_DURING_SAVE = """
 import os, signal, sys, torch
-from train import checkpoint
+from train.run import checkpoint
 real_save = torch.save
 def terminated_save(obj, fh):
     os.kill(os.getpid(), signal.SIGTERM)  # `kill` arrives while the file is being written

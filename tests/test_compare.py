@@ -16,7 +16,7 @@ from test_trainer import metrics_without_timings
 
 from prep.cli import main as prep_main
 from train.cli import main as train_main
-from train.trainer import Trainer
+from train.engine.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

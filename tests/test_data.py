@@ -15,7 +15,7 @@ import torch
 
 from prep.dataset import PreparedDataset
 from prep.vocab import build_char_vocabulary, build_word_vocabulary
-from train.data import (
+from train.engine.data import (
     encode_text,
     epoch_batches,
     feature_spec,

@@ -20,8 +20,9 @@ from ranking_reference import (
     tie_data,
 )
 
-import train.similarity as similarity_module
-from train.evaluate import (
+import train.engine.similarity as similarity_module
+from train.engine.similarity import similarity
+from train.retrieval.evaluate import (
     OrderKernel,
     TileStats,
     chance_metrics,
@@ -34,8 +35,7 @@ from train.evaluate import (
     unit_rows,
     vsepp_caption_image,
 )
-from train.evaluate.tables import results_json
-from train.similarity import similarity
+from train.retrieval.evaluate.tables import results_json
 from vsecore.errors import UserError
 
 # --------------------------------------------------------------------------- kernels

@@ -19,12 +19,12 @@ from ranking_reference import (
 )
 
 from train.cli import main as train_main
-from train.evaluate import (
+from train.retrieval.evaluate import (
     chance_metrics,
     evaluate_protocols,
     vsepp_caption_image,
 )
-from train.evaluate.tables import format_results, results_json
+from train.retrieval.evaluate.tables import format_results, results_json
 
 # --------------------------------------------------------------------------- report and CLI
 
@@ -157,7 +157,7 @@ def test_trainer_validation_warns_once_per_evaluation(capsys) -> None:
     """The trainer's validation (COCO-5cv here: five folds) prints the tie warning once, on stderr."""
     from types import SimpleNamespace
 
-    from train.inference import retrieval_metrics
+    from train.retrieval.validation import retrieval_metrics
 
     rng = np.random.default_rng(27)
     im = rng.integers(0, 4, size=(5000, 4)).astype(np.float32) / 4  # few distinct rows: ties everywhere

@@ -1,4 +1,4 @@
-"""Identical embeddings tie on every kernel: distinct rows are scored once (train.evaluate.layout).
+"""Identical embeddings tie on every kernel: distinct rows are scored once (train.retrieval.evaluate.layout).
 
 A matrix product may round a row's dot products differently depending on the row's position in the
 product (MKL_CBWR=COMPATIBLE, other CPUs). The evaluator therefore scores each distinct embedding once
@@ -17,15 +17,15 @@ import pytest
 import torch
 from ranking_reference import assert_ranks_like_naive, quiet, random_embeddings, tie_data
 
-from train.evaluate import (
+from train.retrieval.evaluate import (
     BlockSizes,
     TileScorer,
     evaluate_protocols,
     ground_truth_ranks,
     vsepp_caption_image,
 )
-from train.evaluate.layout import RankingLayout, distinct_rows, scores_of_distinct
-from train.evaluate.ranking import embedding_ranks
+from train.retrieval.evaluate.layout import RankingLayout, distinct_rows, scores_of_distinct
+from train.retrieval.evaluate.ranking import embedding_ranks
 
 CPU = torch.device("cpu")
 
@@ -186,7 +186,7 @@ def test_ground_truth_ranks_with_a_constant_image_encoder() -> None:
 
 
 def test_a_search_scores_duplicate_candidates_alike_on_a_kernel_that_rounds_by_position() -> None:
-    """``train query``'s scores (train.query.search) come from the distinct candidates."""
+    """``train query``'s scores (train.retrieval.query.search) come from the distinct candidates."""
     gen = torch.Generator().manual_seed(3)
     gallery = torch.randn(6, 16, generator=gen)[torch.tensor([0, 1, 0, 2, 3, 0, 4, 5, 1])]
     queries = torch.randn(3, 16, generator=gen)

@@ -31,7 +31,7 @@ from torch import nn
 
 from train.models.family import Family
 from train.models.registry import ModelSpec, TextEncoder, register_text_encoder
-from train.settings import FamilyConfig
+from train.engine.settings import FamilyConfig
 
 
 class MeanOfCharacters(TextEncoder):

@@ -1,4 +1,4 @@
-"""Features read a batch at a time (features.rows, train.data.read_features above the memory limit):
+"""Features read a batch at a time (features.rows, train.engine.data.read_features above the memory limit):
 the same batches as the features read whole, the same refusals, and sharded region arrays."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from features.rows import StoreRows, open_rows
 from features.store import FeatureStore, rows_per_file
 from features.store_read import read_matrix
 from prep.dataset import PreparedDataset
-from train.data import feature_memory_limit, load_caption_set, read_features
-from train.runs import features_fingerprint
+from train.engine.data import feature_memory_limit, load_caption_set, read_features
+from train.run.config import features_fingerprint
 from vsecore.errors import UserError
 
 

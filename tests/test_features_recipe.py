@@ -20,8 +20,8 @@ from features.recipe import SPEED_KEYS, ImageMapperFactory
 from features.spec import FeatureSpec
 from features.store import FeatureStore
 from features.store_read import parse_spec
-from train.data import feature_spec
-from train.runs import store_path
+from train.engine.data import feature_spec
+from train.run.config import store_path
 from vsecore.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -84,8 +84,8 @@ def _help_defaults(family: str) -> dict[str, str]:
 def test_help_shows_each_familys_own_defaults(family: str) -> None:
     """Every setting's "(default X)" is what the family resolves (schema defaults, then its own: vse's
     cosine, margin 0.2, lr 2e-4, 200 epochs; clmr/liwe's cosine), i.e. what a run records."""
-    from train.fit_options import NOT_SETTINGS, resolved_defaults
-    from train.fit_options import shown as as_help
+    from train.cli.fit_options import NOT_SETTINGS, resolved_defaults
+    from train.cli.fit_options import shown as as_help
 
     shown = _help_defaults(family)
     resolved = resolved_defaults(family)
@@ -115,7 +115,7 @@ def test_a_run_records_the_defaults_its_help_shows(tmp_path: Path) -> None:
                            str(out), "--d", "16", "--epochs", "1", "--batch-size", "4", "--device", "cpu",
                            "-q", *extra]) == 0
         recorded = json.loads((out / "config.json").read_text())["settings"]
-        from train.fit_options import shown
+        from train.cli.fit_options import shown
 
         for key, text in _help_defaults(family).items():
             if key in recorded and key not in given and recorded[key] is not None:
@@ -130,7 +130,7 @@ def test_help_keeps_every_description_but_its_default_note(family: str) -> None:
     where the family's ``help_notes`` add that text to the value."""
     import re
 
-    from train.fit_options import _DEFAULT_NOTE, NOT_SETTINGS, resolved_defaults
+    from train.cli.fit_options import _DEFAULT_NOTE, NOT_SETTINGS, resolved_defaults
     from train.models.family import get_family
 
     sub, _ = _subcommands(train_parser())[family]

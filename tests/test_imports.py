@@ -1,7 +1,7 @@
 """Every ``from PACKAGE import NAME`` of the project (module level or inside a function, in the packages,
 ``bench/`` and ``tests/``) names something that exists: a module moved or a name renamed without updating
-a lazy import would otherwise only fail when that code path runs. And the packages import only down the
-stages (``docs/ARCHITECTURE.md``)."""
+a lazy import would otherwise only fail when that code path runs. And every module imports only down the
+layers of ``docs/ARCHITECTURE.md`` (:data:`LAYERS`), with no cycle, counting imports inside functions."""
 
 from __future__ import annotations
 
@@ -36,31 +36,203 @@ def test_every_project_import_resolves() -> None:
     assert not missing, "\n".join(missing)
 
 
-#: what each package may import of the others: the stages in order, ``vsecore`` below them all
-MAY_IMPORT = {"vsecore": {"vsecore"}, "prep": {"vsecore", "prep"},
-              "features": {"vsecore", "prep", "features"}, "train": {"vsecore", "prep", "features", "train"},
-              "pipelines": set(PACKAGES)}
-#: the command modules, which read ``--pipeline NAME`` (and ``train compare``, whose entries may name
-#: pipelines): they alone may import ``pipelines``; a stage's library never does
-COMMAND_MODULES = {"prep/cli.py", "features/cli.py", "train/fit_cli.py", "train/fit_options.py",
-                   "train/classify_cli.py", "train/evaluate/cli.py", "train/run_args.py", "train/compare.py"}
+# -- the layers --------------------------------------------------------------------------------------------
+#: the layers of the project, bottom first (docs/ARCHITECTURE.md): a module imports only modules of its own
+#: group or of a lower layer. A layer of several groups holds siblings, which never import each other
+#: (retrieval and classification; the command modules of the three stages). A module belongs to the group
+#: of its longest matching prefix: ``train.run.layout`` and ``train.run.checkpoint`` (the files of a run
+#: directory, which the trainer writes) sit below the engine, the rest of ``train.run`` (config,
+#: fingerprints, which rebuild settings and models) above the models.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("vsecore",),
+    ("prep",),
+    ("features",),
+    ("train.run.layout", "train.run.checkpoint"),
+    ("train.engine",),
+    ("train.models",),
+    ("train.run",),
+    ("pipelines.schema",),
+    ("train.retrieval", "train.classification"),
+    ("pipelines",),
+    ("prep.cli", "features.cli", "train.cli"),
+    ("train",),
+)
+#: modules of one group that are one concern across two prefixes: the run-directory files sit together,
+#: a stage's entry point and its command module too
+SAME_GROUP = {"train.run.checkpoint": "train.run.layout", "features.entry": "features.cli",
+              "features.__main__": "features.cli", "prep.__main__": "prep.cli", "train.__main__": "train"}
+#: the only function-level imports of project modules train/ may hold: each keeps a start-up light and says
+#: so on its line ("start-up")
+STARTUP_REASON = "start-up"
 
 
-def _imported_packages(path: Path) -> set[tuple[str, int]]:
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        names = ([node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
-                 else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
-        found |= {(name.split(".")[0], node.lineno) for name in names if name.split(".")[0] in PACKAGES}
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for d in PACKAGES for p in sorted((ROOT / d).rglob("*.py"))}
+
+
+def _group(module: str) -> str:
+    if module in SAME_GROUP:
+        return SAME_GROUP[module]
+    prefixes = [p for layer in LAYERS for p in layer if module == p or module.startswith(p + ".")]
+    return max(prefixes, key=len)
+
+
+def _layer(module: str) -> int:
+    group = _group(module)
+    return next(i for i, layer in enumerate(LAYERS) if group in layer)
+
+
+def _resolve(name: str) -> str | None:
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+class _Imports(ast.NodeVisitor):
+    """Every project import of a module: ``(imported module, line, inside a function)``; what an
+    ``if TYPE_CHECKING:`` block imports only annotates, so it is no import."""
+
+    def __init__(self) -> None:
+        self.found: list[tuple[str, int, bool]] = []
+        self.depth = 0
+
+    def visit_If(self, node: ast.If) -> None:
+        if isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for child in node.orelse:
+                self.visit(child)
+            return
+        self.generic_visit(node)
+
+    def _function(self, node: ast.AST) -> None:
+        self.depth += 1
+        self.generic_visit(node)
+        self.depth -= 1
+
+    visit_FunctionDef = visit_AsyncFunctionDef = _function
+
+    def visit_Import(self, node: ast.Import) -> None:
+        self._add([a.name for a in node.names], node.lineno)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level == 0 and node.module:
+            self._add([f"{node.module}.{a.name}" for a in node.names], node.lineno)
+
+    def _add(self, names: list[str], line: int) -> None:
+        for name in names:
+            if name.split(".")[0] in PACKAGES and (module := _resolve(name)):
+                self.found.append((module, line, self.depth > 0))
+
+
+def _edges() -> dict[str, list[tuple[str, int, bool]]]:
+    """module -> its imports of other project modules (module level and inside functions)."""
+    edges = {}
+    for module, path in MODULES.items():
+        visitor = _Imports()
+        visitor.visit(ast.parse(path.read_text(encoding="utf-8")))
+        edges[module] = sorted({(m, line, f) for m, line, f in visitor.found if m != module})
+    return edges
+
+
+EDGES = _edges()
+
+
+def _upward(edges: dict[str, list[tuple[str, int, bool]]]) -> list[str]:
+    bad = []
+    for module, imports in edges.items():
+        for other, line, _ in imports:
+            up = _layer(other) > _layer(module)
+            sibling = _layer(other) == _layer(module) and _group(other) != _group(module)
+            if up or sibling:
+                bad.append(f"{MODULES[module].relative_to(ROOT)}:{line}: {module} ({_group(module)}) imports "
+                           f"{other} ({_group(other)}): {'a higher layer' if up else 'a sibling'}")
+    return bad
+
+
+def _cycles(edges: dict[str, list[tuple[str, int, bool]]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w, _, _ in edges.get(v, []):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in edges:
+        if v not in index:
+            visit(v)
     return found
 
 
-def test_packages_import_only_down_the_stages() -> None:
-    upward = []
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            name = str(path.relative_to(ROOT))
-            allowed = MAY_IMPORT[package] | ({"pipelines"} if name in COMMAND_MODULES else set())
-            upward += [f"{name}:{line} imports {other}" for other, line in _imported_packages(path)
-                       if other not in allowed]
-    assert not upward, "\n".join(sorted(upward))
+def _reachable(edges: dict[str, list[tuple[str, int, bool]]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for other, _, _ in edges.get(todo.pop(), []):
+            if other not in seen:
+                seen.add(other)
+                todo.append(other)
+    return seen
+
+
+def test_every_import_goes_down_the_layers() -> None:
+    """Every import, at module level or inside a function, goes to the module's own group or a lower
+    layer; siblings never import each other."""
+    assert not (bad := _upward(EDGES)), "\n".join(bad)
+
+
+def test_no_import_cycle_anywhere() -> None:
+    """No two modules reach each other, counting the imports inside functions."""
+    assert not (cycles := _cycles(EDGES)), "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_no_library_reaches_a_command_indirectly() -> None:
+    """No library module reaches a command module or the pipeline runner through any chain of imports:
+    nothing imports ``train.cli``, and the runner is reached only from ``train.cli.pipeline``."""
+    commands = {m for m in MODULES if _layer(m) >= _layer("train.cli")} | {"pipelines.runner"}
+    bad = [f"{m} reaches {sorted(_reachable(EDGES, m) & commands)}" for m in MODULES
+           if m not in commands and _reachable(EDGES, m) & commands]
+    assert not bad, "\n".join(bad)
+
+
+def test_train_imports_project_modules_at_module_level() -> None:
+    """A function-level import of a project module in ``train/`` only keeps a start-up light, and says so."""
+    lazy = []
+    for module, imports in EDGES.items():
+        if not module.startswith("train"):
+            continue
+        lines = MODULES[module].read_text(encoding="utf-8").splitlines()
+        lazy += [f"{MODULES[module].relative_to(ROOT)}:{line}: {other}" for other, line, inside in imports
+                 if inside and STARTUP_REASON not in lines[line - 1] + lines[line - 2]]
+    assert not lazy, "\n".join(lazy)
+
+
+def test_the_layer_test_sees_an_upward_import() -> None:
+    """The checks above fail on an upward import, a sibling import, a cycle and a lazy import."""
+    edges = {m: list(imports) for m, imports in EDGES.items()}
+    edges["train.engine.trainer"].append(("train.retrieval.validation", 1, True))
+    edges["train.classification.fit"].append(("train.retrieval.fit", 1, False))
+    assert len(_upward(edges)) == len(_upward(EDGES)) + 2
+    assert _cycles(edges)

@@ -1,11 +1,11 @@
-"""``train.losses.contrastive_loss`` against values worked out by hand."""
+"""``train.engine.losses.contrastive_loss`` against values worked out by hand."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from train.losses import contrastive_loss
+from train.engine.losses import contrastive_loss
 
 # three unit vectors; S[i, j] = image i . caption j:
 #   i0 = (1, 0):     1.0, 0.6, 0.0

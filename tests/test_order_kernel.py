@@ -1,4 +1,5 @@
-"""The evaluator's order-violation kernel (``train.evaluate.order_kernel.OrderKernel``): when it compiles,
+"""The evaluator's order-violation kernel (``train.retrieval.evaluate.order_kernel.OrderKernel``): when it
+compiles,
 what it falls back to, and that the compiled kernel agrees with the eager one. Each test makes its own
 kernel object, so no test sees another's compilation state."""
 
@@ -10,8 +11,8 @@ import warnings
 import pytest
 import torch
 
-from train.evaluate.order_kernel import COMPILE_SECONDS_ESTIMATE, OrderKernel
-from train.similarity import order_violation, squared_violation_expr
+from train.engine.similarity import order_violation, squared_violation_expr
+from train.retrieval.evaluate.order_kernel import COMPILE_SECONDS_ESTIMATE, OrderKernel
 
 # the fused kernels differ from the eager one in the order of the float32 summation over d only
 FUSED_RTOL, FUSED_ATOL = 1e-5, 1e-5

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from train.evaluate import evaluate_similarities, metrics_from_ranks, vsepp_caption_image
+from train.retrieval.evaluate import evaluate_similarities, metrics_from_ranks, vsepp_caption_image
 
 #: images per fold: VSE++ uses 1,000 (a stand-in of 200 keeps the naive loops fast)
 FOLD = 200

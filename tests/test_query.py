@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from train.cli import main as train_main
-from train.runs import embed_split, load_run
+from train.retrieval.loaded import embed_split
+from train.retrieval.open import load_run
 
 PIPELINE = """
 pipelines:
@@ -48,7 +49,7 @@ def test_image_queries_are_featurized_like_the_store(run_dir: Path) -> None:
     from features.featurize import StoreFeaturizer
     from features.fne import standardize
     from features.images import load_image
-    from train.inference import embed_images
+    from train.engine.inference import embed_images
 
     run = load_run(run_dir, device="cpu")
     emb = embed_split(run, "test")
@@ -94,7 +95,7 @@ def test_search_ranks_the_split_by_the_runs_similarity(run_dir: Path) -> None:
     assert scores == sorted(scores, reverse=True)
     assert {h.imgid for h in hits} <= set(emb.imgids.tolist())
     # the scores are the run's similarity between the text and those images
-    from train.similarity import similarity
+    from train.engine.similarity import similarity
 
     q = run.encode_text([text])
     full = similarity(emb.images, q, run.settings.measure)[:, 0]
@@ -154,7 +155,7 @@ def test_search_another_collection_with_its_store(run_dir: Path, tmp_path: Path,
             run.search(text="a red circle", data=data, features=str(store))
         return
     from prep.dataset import PreparedDataset
-    from train.similarity import similarity
+    from train.engine.similarity import similarity
 
     other = PreparedDataset.load(data)
     [hits] = run.search(text="a red circle", top=5, split=None, data=data, features=str(store))

@@ -1,4 +1,4 @@
-"""Run directories (train.rundir.RunDir): the marker, what --overwrite may replace, the output-path rule
+"""Run directories (train.run.layout.RunDir): the marker, what --overwrite may replace, the output-path rule
 of every train writer, the fingerprint checks of every reader, and one-line errors for hostile input.
 
 Hostile cases are tables: each is exit 2, one line on stderr, and nothing outside the output changed.
@@ -18,7 +18,7 @@ import pytest
 from test_data import make_prepared, make_store
 
 from train.cli import build_parser
-from train.rundir import RunDir, evaluation_name, is_eval_file, length_name, noise_name
+from train.run.layout import RunDir, evaluation_name, is_eval_file, length_name, noise_name
 from vsecore.errors import run_cli
 from vsecore.outputs import RUN_MARKER
 
@@ -195,7 +195,7 @@ def test_pipeline_overwrite_keeps_what_the_run_did_not_write(tmp_path: Path, tra
     from types import SimpleNamespace
 
     from pipelines import runner as pipeline
-    from train.runs import read_config, settings_from_config
+    from train.run.config import read_config, settings_from_config
 
     run = copy_run(trained, tmp_path)
     (run / "checkpoints" / "mine.pt").write_bytes(b"mine")
@@ -312,7 +312,7 @@ def test_readers_refuse_a_run_whose_inputs_changed(tmp_path: Path, capsys, chang
 
 
 def test_the_fingerprint_check_skips_hashing_unchanged_files(trained: Path, monkeypatch) -> None:
-    from train import runs
+    from train.run import config as runs
 
     config = runs.read_config(trained)
     data = config["settings"]["data"]
@@ -367,7 +367,7 @@ def test_a_damaged_config_json_is_one_line(trained: Path, tmp_path: Path, capsys
 
 
 def test_query_escapes_control_characters(trained: Path, tmp_path: Path, capsys) -> None:
-    from train.query import Hit, format_hits
+    from train.retrieval.query import Hit, format_hits
 
     text = format_hits("a \x1b[31mred\x1b[0m car\r", [Hit(1, 0.5, 7, text="caption\x1b]0;owned\x07\nnext")])
     assert "\x1b" not in text and "\r" not in text and "\x07" not in text and len(text.splitlines()) == 2
@@ -383,7 +383,7 @@ def _enospc(path: object) -> OSError:
 
 def test_a_full_disk_during_training_is_one_line_with_what_was_kept(data, tmp_path: Path, capsys,
                                                                     monkeypatch) -> None:
-    from train import trainer
+    from train.engine import trainer
 
     prepared, features = data
     real, calls = trainer.save_checkpoint, []
@@ -408,8 +408,8 @@ def test_a_full_disk_during_training_is_one_line_with_what_was_kept(data, tmp_pa
 
 def test_a_full_disk_in_evaluate_and_export_is_one_line(trained: Path, tmp_path: Path, capsys,
                                                         monkeypatch) -> None:
-    from train import export
-    from train.evaluate import cli as evaluate_cli
+    from train.retrieval import embeddings as export
+    from train.retrieval.evaluate import run as evaluate_cli
 
     def full(path: object, *args: object, **kwargs: object) -> None:
         raise _enospc(path)
@@ -429,7 +429,7 @@ def test_sigterm_while_writing_ranks_leaves_no_temporary(trained: Path, tmp_path
                                                          monkeypatch) -> None:
     import csv
 
-    from train.evaluate import tables as report
+    from train.retrieval.evaluate import tables as report
 
     real = csv.writer
 
@@ -452,7 +452,7 @@ def test_sigterm_while_writing_ranks_leaves_no_temporary(trained: Path, tmp_path
 
 
 def test_sigterm_during_training_says_what_was_kept(data, tmp_path: Path, capsys, monkeypatch) -> None:
-    from train import trainer
+    from train.engine import trainer
 
     prepared, features = data
     real = trainer.Trainer.write_metrics

@@ -1,12 +1,12 @@
-"""``train.similarity`` against values worked out by hand."""
+"""``train.engine.similarity`` against values worked out by hand."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-import train.similarity as similarity_module
-from train.similarity import cosine, order_violation, similarity, squared_violation_blocked
+import train.engine.similarity as similarity_module
+from train.engine.similarity import cosine, order_violation, similarity, squared_violation_blocked
 
 
 def test_order_violation_penalises_caption_components_above_the_image():

@@ -14,8 +14,8 @@ import torch
 from prep.cli import main as prep_main
 from prep.sources.textcls import read_generic, read_zhang_csv
 from prep.textcls import TextClsDataset, stratified_take
+from train.classification.metrics import classification_metrics, confusion_matrix
 from train.cli import main as train_main
-from train.textcls_metrics import classification_metrics, confusion_matrix
 from vsecore.errors import UserError
 
 CLASSES = "World\nSports\n"
@@ -212,7 +212,7 @@ def _metrics(run: Path) -> list[dict]:
 
 def test_classify_run_directory_dry_run_and_exact_resume(prepared: Path, tmp_path: Path, capsys,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from train.classify import ClassificationTrainer
+    from train.classification.fit import ClassificationTrainer
 
     assert train_main(["classify", "--data", str(prepared), *TINY, "--dry-run"]) == 0
     out = capsys.readouterr().out
@@ -259,8 +259,9 @@ def test_classify_run_directory_dry_run_and_exact_resume(prepared: Path, tmp_pat
 
 
 def test_predict_evaluate_and_load_run(prepared: Path, tmp_path: Path, capsys) -> None:
-    from train.classify import ClassificationRun
-    from train.runs import load_run
+    from train.classification.run import ClassificationRun, load_classification_run
+    from train.retrieval.open import load_run
+    from train.runs import load_run as load_any_run  # the README's path, one release more
 
     run_dir = tmp_path / "run"
     assert train_main(["classify", "--data", str(prepared), *TINY, "--epochs", "1", "-q", "--out",
@@ -269,8 +270,10 @@ def test_predict_evaluate_and_load_run(prepared: Path, tmp_path: Path, capsys) -
     texts = ["paris summit and treaty", "goal match and cup"]
     assert train_main(["predict", "--run", str(run_dir), "--text", *texts, "--json"]) == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
-    run = load_run(run_dir)
-    assert isinstance(run, ClassificationRun)
+    run = load_classification_run(run_dir)
+    assert isinstance(run, ClassificationRun) and isinstance(load_any_run(run_dir), ClassificationRun)
+    with pytest.raises(UserError, match="a text classification run"):
+        load_run(run_dir)  # the retrieval reader: a one-line error naming the other
     probs = run.probabilities(texts)
     assert [x["text"] for x in lines] == texts
     for line, row in zip(lines, probs, strict=True):

@@ -19,12 +19,12 @@ from test_trainer import assert_same_weights, metrics_without_timings, train_cli
 
 from pipelines.schema import load_pipelines
 from prep.cli import main as prep_main
-from train.checkpoint import load_checkpoint
-from train.data import PairBatch, read_region_counts
-from train.losses import hard_negative_weight, scheduled_contrastive_loss
+from train.engine.data import PairBatch, read_region_counts
+from train.engine.losses import hard_negative_weight, scheduled_contrastive_loss
+from train.engine.objectives import ScheduledContrastiveObjective
 from train.models.family import train_settings, with_family_defaults
-from train.objectives import ScheduledContrastiveObjective
-from train.runs import load_run
+from train.retrieval.open import load_run
+from train.run.checkpoint import load_checkpoint
 from vsecore.errors import UserError
 
 K, DIM = 6, 16
@@ -126,7 +126,7 @@ def test_region_counts_come_from_the_store(synthetic, tmp_path) -> None:
 
 def test_objective_adds_the_mean_cross_language_loss() -> None:
     torch.manual_seed(0)
-    from train.models.vse import build_model
+    from train.models.joint import build_model
 
     settings = train_settings(family="liwe", out="r", d=8, layers=[4, 4], word_length=5)
     model = build_model(settings, 20, (K, DIM))
@@ -134,7 +134,7 @@ def test_objective_adds_the_mean_cross_language_loss() -> None:
     lengths = torch.tensor([3, 2, 3, 1])
     pairs = tuple(PairBatch(torch.randint(2, 20, (4, 3, 5)), lengths, torch.randint(2, 20, (4, 2, 5)),
                             torch.tensor([2, 2, 1, 2]), lang) for lang in ("de", "ja"))
-    from train.data import Batch
+    from train.engine.data import Batch
 
     batch = Batch(torch.randn(4, K, DIM), text, lengths, torch.arange(4), torch.tensor([6, 3, 1, 4]))
     objective = ScheduledContrastiveObjective(eta=0.5, margin=0.2, iteration=3)
@@ -150,7 +150,7 @@ def test_objective_adds_the_mean_cross_language_loss() -> None:
     assert objective.last_terms["cross_de"] == pytest.approx(expected[0].item(), rel=1e-5)
     assert objective.state_dict() == {"iteration": 4, "eta": 0.5}
     # at iteration 0 the loss is the sum of hinges, at lambda = 1 the max of hinges
-    from train.losses import contrastive_loss
+    from train.engine.losses import contrastive_loss
 
     a, b = torch.nn.functional.normalize(torch.randn(5, 8), dim=1), torch.nn.functional.normalize(
         torch.randn(5, 8), dim=1)
@@ -183,7 +183,7 @@ def test_multilingual_liwe_run_with_cross_language_loss(synthetic, tmp_path, cap
     assert test["protocols"] == test["languages"]["en"]["protocols"]
     assert all(v["protocols"]["all"]["rsum"] > 0 for v in test["languages"].values())
     # train evaluate --lang gives the same numbers as the run's own per-language evaluation
-    from train.evaluate.cli import evaluate_run
+    from train.retrieval.evaluate.run import evaluate_run
 
     evaluate_run(run, "test", ["all"], lang="de", device="cpu", log=lambda _: None)
     de = json.loads((run / "eval" / "test_best_de.json").read_text())

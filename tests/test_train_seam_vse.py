@@ -16,10 +16,10 @@ from test_data import make_prepared, make_store
 from test_trainer import assert_same_weights, metrics_without_timings, train_cli
 
 from prep.dataset import PreparedDataset
-from train import fit
-from train.checkpoint import load_checkpoint
+from train.engine.objectives import CurriculumObjective
 from train.models.family import build_objective, model_spec, train_settings, with_family_defaults
-from train.objectives import CurriculumObjective
+from train.retrieval import fit
+from train.run.checkpoint import load_checkpoint
 from vsecore.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -270,7 +270,8 @@ def test_vse_and_seam_train_on_the_int8_fne_without_a_float_copy(data, tmp_path,
 
 
 def test_word_runs_are_evaluated_and_queried_like_the_others(data, tmp_path) -> None:
-    from train.runs import embed_split, encode_texts, load_run
+    from train.retrieval.loaded import embed_split, encode_texts
+    from train.retrieval.open import load_run
 
     prepared, features = data
     run = tmp_path / "g"

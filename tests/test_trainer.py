@@ -20,19 +20,22 @@ import pytest
 import torch
 from test_data import make_prepared, make_store
 
-from train import fit, fit_cli
-from train.checkpoint import load_checkpoint
-from train.runs import embed_split, encode_texts, load_run
+from train.cli import fit as fit_cli
+from train.retrieval import fit
+from train.retrieval.loaded import embed_split, encode_texts
+from train.retrieval.open import load_run
+from train.run.checkpoint import load_checkpoint
 from vsecore.errors import UserError, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMING_KEYS = {"time_s", "train_time_s", "val_time_s", "captions_per_s"}
 TINY = ["--p", "0.125", "--d", "32", "--batch-size", "4", "--seed", "3", "--device", "cpu"]
-#: runs ``train`` with only the family subcommands of train.fit (the subject of these tests)
+#: runs ``train`` with only the family subcommands of train.retrieval.fit (the subject of these tests)
 RUNNER = """
 import argparse, sys
 from vsecore.errors import run_cli
-from train import fit, fit_cli
+from train.retrieval import fit
+from train.cli import fit as fit_cli
 def main(argv):
     parser = argparse.ArgumentParser(prog="train")
     fit_cli.register(parser.add_subparsers(dest="command", required=True))
@@ -336,7 +339,7 @@ def test_export_embeddings_reproduce_the_test_evaluation(data, tmp_path, capsys)
     import numpy as np
 
     from train.cli import main as train_main
-    from train.evaluate import evaluate_protocols
+    from train.retrieval.evaluate import evaluate_protocols
 
     prepared, features = data
     run = tmp_path / "exp"
@@ -358,7 +361,7 @@ def test_export_embeddings_reproduce_the_test_evaluation(data, tmp_path, capsys)
 
     # the command line reads the export back: the caption-image file beside --cap-emb is found by itself,
     # or named; a similarity matrix of the same scores gives the same numbers
-    from train.similarity import similarity
+    from train.engine.similarity import similarity
 
     sims = similarity(torch.from_numpy(img), torch.from_numpy(cap), "order").numpy()
     np.save(tmp_path / "sims.npy", sims)

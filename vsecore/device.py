@@ -10,6 +10,11 @@ from vsecore.errors import UserError
 DEVICE_HELP = "where to compute: auto (cuda when available, else cpu), cpu, cuda or cuda:N (default auto)"
 
 
+def add_device_argument(parser: Any, default: str | None = "auto", **kwargs: Any) -> None:
+    """``--device`` of every command that computes (:data:`DEVICE_HELP`); ``default`` None: the settings'."""
+    parser.add_argument("--device", default=default, help=DEVICE_HELP, **kwargs)
+
+
 def resolve_device(device: Any) -> Any:
     """``"auto"``/``None`` -> CUDA when available, else CPU (a ``torch.device``); a device torch cannot
     read, or a CUDA one this machine lacks, is a one-line :class:`UserError`."""

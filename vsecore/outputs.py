@@ -29,7 +29,7 @@ RUN_MARKER = ".vse-run"
 
 #: what :func:`artifact_kind` calls each artifact in messages
 PREPARED, STORE, RUN = "prepared dataset", "feature store", "run directory"
-#: the names a run directory is recognised by (:func:`is_run_folder`); :mod:`train.rundir` owns the whole
+#: the names a run directory is recognised by (:func:`is_run_folder`); :mod:`train.run.layout` owns the whole
 #: layout and takes these from here
 RUN_CONFIG, RUN_CHECKPOINTS, RUN_BEST, RUN_LAST = "config.json", "checkpoints", "best.pt", "last.pt"
 #: the files train writes into ``checkpoints/``

@@ -5,7 +5,7 @@ soon as any ``train.models`` module is imported; the built-in families are regis
 order ``train --help`` lists them. A family of one's own: ``register_family(module.FAMILY)``.
 """
 
-from train.models import chain_vse, liwe, oecc, regions, seam, uvs
+from train.models import chain, liwe, oecc, regions, seam, vse
 from train.models.family import (
     Family,
     build_objective,
@@ -17,6 +17,7 @@ from train.models.family import (
     train_settings,
     with_family_defaults,
 )
+from train.models.joint import VisualSemanticEmbedding, build_model
 from train.models.registry import (
     TEXT_INPUTS,
     ModelSpec,
@@ -28,10 +29,9 @@ from train.models.registry import (
     register_image_encoder,
     register_text_encoder,
 )
-from train.models.vse import VisualSemanticEmbedding, build_model
 
 #: the families that ship with the toolkit, in ``train --help`` order
-BUILTIN_FAMILIES: tuple[Family, ...] = (chain_vse.FAMILY, oecc.FAMILY, seam.FAMILY, uvs.FAMILY, liwe.CLMR,
+BUILTIN_FAMILIES: tuple[Family, ...] = (chain.FAMILY, oecc.FAMILY, seam.FAMILY, vse.FAMILY, liwe.CLMR,
                                         liwe.LIWE)
 for _family in BUILTIN_FAMILIES:
     register_family(_family)

@@ -1,12 +1,12 @@
 """Model families: what ``train <family>`` trains, declared in one :class:`Family` object per family file.
 
-A family file (``train/models/chain_vse.py``, ..., or a file of one's own) holds the text encoder it
+A family file (``train/models/chain.py``, ..., or a file of one's own) holds the text encoder it
 registers and one ``Family``: its name and one-line summary, its settings (a pydantic
-:class:`~train.settings.FamilyConfig` submodel: fields with defaults, help text and validators), its
+:class:`~train.engine.settings.FamilyConfig` submodel: fields with defaults, help text and validators), its
 own defaults (a paper's settings, presets that depend on the dataset), how it builds its
 :class:`~train.models.registry.ModelSpec`, and its objective. Everything else is derived here: the
 family's settings class (``TrainSection`` + its submodel), its command-line options
-(:mod:`train.fit_options`), the ``train:`` section of ``pipelines.yaml`` (:mod:`pipelines.schema`).
+(:mod:`train.cli.fit_options`), the ``train:`` section of ``pipelines.yaml`` (:mod:`pipelines.schema`).
 
 :func:`register_family` adds a family; ``train/models/__init__.py`` imports every built-in family file
 and registers its ``FAMILY`` explicitly. A family of one's own is one file: import it and pass its
@@ -21,9 +21,9 @@ from typing import Any, Literal
 
 from pydantic import create_model, model_validator
 
+from train.engine.objectives import ContrastiveObjective, Objective
+from train.engine.settings import FamilyConfig, TrainSection
 from train.models.registry import ModelSpec
-from train.objectives import ContrastiveObjective, Objective
-from train.settings import FamilyConfig, TrainSection
 
 
 def contrastive_objective(settings: Any) -> Objective:

@@ -62,10 +62,10 @@ from pydantic import Field, field_validator, model_validator
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from train.engine.objectives import Objective, ScheduledContrastiveObjective
+from train.engine.settings import FamilyConfig
 from train.models.family import Family
 from train.models.registry import ModelSpec, TextEncoder, count_parameters, register_text_encoder
-from train.objectives import Objective, ScheduledContrastiveObjective
-from train.settings import FamilyConfig
 
 POOLINGS = ("final", "last", "mean")
 #: section 2.2: character embeddings in R^24
@@ -184,7 +184,7 @@ class LiweWordEmbedder(nn.Module):
         c = chars.shape[-1]
         if c > self.word_length:
             raise ValueError(f"words of {c} characters, but C_w = {self.word_length}: spell them with "
-                             "train.data.TextCodec('word_chars', ..., word_length) first")
+                             "train.engine.data.TextCodec('word_chars', ..., word_length) first")
         if c < self.word_length:
             chars = nn.functional.pad(chars, (0, self.word_length - c))
         x = self.chars(chars).flatten(-2)  # (..., C_w * d_c): the characters concatenated
@@ -270,7 +270,7 @@ class RegionFamilyConfig(FamilyConfig):
     @property
     def train_langs(self) -> list[str]:
         """Languages of the image-text training captions: ``langs``, else ``[lang]`` (overrides
-        :attr:`train.settings.TrainSection.train_langs`; the settings class puts this config first)."""
+        :attr:`train.engine.settings.TrainSection.train_langs`; the settings class puts this config first)."""
         return list(self.langs) if self.langs else [self.lang]  # type: ignore[attr-defined]
 
     @property

@@ -28,10 +28,10 @@ import torch
 from pydantic import Field
 from torch import nn
 
+from train.engine.settings import FamilyConfig
 from train.models.family import Family
 from train.models.maxout import CharMaxoutConv, MaxoutConv1d, length_mask, max_over_time
 from train.models.registry import ModelSpec, TextEncoder, register_text_encoder
-from train.settings import FamilyConfig
 
 #: table 1: (filters, filter length) of each MaxConv layer
 ARCHITECTURES: dict[str, tuple[tuple[int, int], ...]] = {

@@ -70,11 +70,11 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
+from train.engine.settings import FamilyConfig
 from train.models.family import Family
 from train.models.maxout import length_mask
 from train.models.registry import ModelSpec, TextEncoder, register_text_encoder
-from train.models.uvs import run_gru, word_embedding
-from train.settings import FamilyConfig
+from train.models.vse import run_gru, word_embedding
 
 #: size of the word embeddings (the paper's ``d``) and of the attention's hidden layer ``p``
 WORD_DIM = 300

@@ -1,0 +1,135 @@
+"""The text classifier (CHAIN-VSE section 5): a registered text encoder, dropout, one linear layer to the
+classes; its objective, its batches and how it reads texts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from prep.textcls import TextClsDataset
+from train.engine.data import TextCodec, codec_for
+from train.engine.inference import embed_codes
+from train.engine.settings import ClassifySection
+from train.models.family import model_spec
+from train.models.registry import ModelSpec, count_parameters, create_text_encoder
+
+TASK = "classify"
+
+
+#: ``--encoder`` -> the retrieval family whose registered text encoder it is
+ENCODER_FAMILY = {"chain": "chain", "oecc": "oecc", "seam": "seam", "gru": "vse"}
+
+
+class TextBatch(NamedTuple):
+    """A batch of labelled texts (what :class:`ClassificationObjective` reads)."""
+
+    text: torch.Tensor  # (B, T) int64 (chars or words), padded with 0
+    lengths: torch.Tensor  # (B,) int64, >= 1
+    labels: torch.Tensor  # (B,) int64, 0-based class
+
+
+@dataclass
+class LabelledTexts:
+    """The texts of one split, encoded by the run's codec, with their labels."""
+
+    codes: list[np.ndarray]
+    labels: np.ndarray  # (M,) int64
+    codec: TextCodec
+    texts: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def batch(self, indices: Sequence[int] | np.ndarray) -> TextBatch:
+        """The texts ``indices`` collated: :class:`TextBatch`."""
+        idx = [int(k) for k in indices]
+        tokens, lengths = self.codec.collate([self.codes[k] for k in idx])
+        return TextBatch(tokens, lengths, torch.from_numpy(self.labels[idx]))
+
+
+def encoder_spec(settings: ClassifySection) -> ModelSpec:
+    """The :class:`ModelSpec` the encoder's retrieval family builds (its registered encoder and kwargs)."""
+    s = settings
+    view = SimpleNamespace(family=ENCODER_FAMILY[s.encoder], version=s.version, p=s.p, arch=s.arch,
+                           variant=s.variant, hops=s.hops, penalty=s.penalty, gru_units=s.gru_units,
+                           d=s.gru_units, word_dim=s.word_dim, absolute=False)
+    return model_spec(view)
+
+
+class TextClassifier(nn.Module):
+    """Text encoder -> dropout -> linear softmax layer: ``tokens, lengths (B,) -> logits (B, K)``."""
+
+    def __init__(self, encoder: nn.Module, num_classes: int, dropout: float) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.dropout = nn.Dropout(dropout)
+        self.head = nn.Linear(encoder.output_dim, num_classes)
+
+    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """``tokens (B, T) long, lengths (B,) long -> logits (B, num_classes)`` (padding masked by the
+        encoder)."""
+        return self.head(self.dropout(self.encoder(tokens, lengths)))
+
+    #: the trainer's text helpers (:func:`train.engine.inference.embed_codes`) read a model through this name
+    encode_captions = forward
+
+    def penalty(self) -> torch.Tensor | None:
+        """The encoder's regulariser of the last forward (SEAM's attention penalty), or None."""
+        return getattr(self.encoder, "penalty", None)
+
+    def parameter_report(self) -> dict[str, int]:
+        """Trainable parameters: ``{text_encoder, head, total}``."""
+        enc, head = count_parameters(self.encoder), count_parameters(self.head)
+        return {"text_encoder": enc, "head": head, "total": enc + head}
+
+
+def build_classifier(settings: ClassifySection, vocab_size: int, num_classes: int) -> TextClassifier:
+    """The classifier ``settings`` describe over an alphabet / vocabulary of ``vocab_size`` symbols."""
+    spec = encoder_spec(settings)
+    encoder = create_text_encoder(spec.text_encoder, vocab_size, **spec.text_kwargs)
+    return TextClassifier(encoder, num_classes, settings.dropout)
+
+
+class ClassificationObjective:
+    """Cross-entropy of the logits (plus the encoder's penalty, SEAM's, when it has one)."""
+
+    def __call__(self, model: TextClassifier, batch: TextBatch, step: int, autocast: Callable[[], Any]
+                 ) -> torch.Tensor:
+        """Mean cross-entropy over the batch: a scalar tensor."""
+        with autocast():
+            logits = model(batch.text, batch.lengths)
+        loss = F.cross_entropy(logits.float(), batch.labels)
+        penalty = model.penalty()
+        return loss + penalty if penalty is not None else loss
+
+    def state_dict(self) -> dict[str, Any]:
+        """Nothing to checkpoint."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing to restore."""
+
+
+@torch.no_grad()
+def predict_logits(model: TextClassifier, texts: LabelledTexts, device: torch.device, amp: bool = False
+                   ) -> torch.Tensor:
+    """Logits (M, K) float32 on the CPU of every text of ``texts``, in order (eval mode)."""
+    return embed_codes(model, texts.codes, texts.codec, device, amp=amp)
+
+
+def classifier_codec(settings: ClassifySection, dataset: TextClsDataset) -> TextCodec:
+    return codec_for(settings, dataset, encoder_spec(settings).text_input)
+
+
+def labelled_texts(dataset: TextClsDataset, split: str, codec: TextCodec) -> LabelledTexts:
+    """The texts of ``split`` encoded with ``codec`` (the prepared tokens for word encoders)."""
+    rows = dataset.rows(split)
+    codes = [codec.encode(dataset.texts[k], dataset.tokens[k]) for k in rows]
+    return LabelledTexts(codes, dataset.targets[rows], codec, [dataset.texts[k] for k in rows])

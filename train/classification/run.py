@@ -1,0 +1,124 @@
+"""A trained classifier read back from its run directory: :class:`ClassificationRun` (``predict``,
+``probabilities``, ``evaluate``) and :func:`load_classification_run`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from prep.textcls import TextClsDataset
+from train.classification.metrics import classification_metrics
+from train.classification.model import (
+    TASK,
+    LabelledTexts,
+    TextClassifier,
+    build_classifier,
+    classifier_codec,
+    labelled_texts,
+    predict_logits,
+)
+from train.engine.data import TextCodec
+from train.engine.settings import ClassifySection
+from train.run.checkpoint import load_checkpoint, load_model_state
+from train.run.config import (
+    classify_settings_from_config,
+    read_config,
+)
+from train.run.layout import RunDir
+from vsecore.device import resolve_device
+from vsecore.errors import UserError
+
+
+@dataclass
+class ClassificationRun:
+    """A trained classifier read back from its run directory (:func:`train.retrieval.open.load_run`)."""
+
+    run_dir: Path
+    settings: ClassifySection
+    config: dict[str, Any]
+    model: TextClassifier
+    device: torch.device
+    checkpoint: str
+    epoch: int
+    _dataset: TextClsDataset | None = field(default=None, repr=False)
+
+    def __getattr__(self, name: str) -> Any:
+        # what the retrieval commands (query, export-embeddings) ask of a LoadedRun: one line, not a traceback
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise UserError(f"{self.run_dir}: a text classification run has no '{name}' (retrieval commands "
+                        "need a retrieval run; use `train predict` or `train evaluate --run`)")
+
+    @property
+    def labels(self) -> list[str]:
+        """Class names, in the order of the logits."""
+        return list(self.config["labels"])
+
+    @property
+    def dataset(self) -> TextClsDataset:
+        """The prepared dataset the run was trained on (loaded on first use)."""
+        if self._dataset is None:
+            self._dataset = TextClsDataset.load(self.settings.data)
+        return self._dataset
+
+    @property
+    def codec(self) -> TextCodec:
+        """How the run's encoder reads texts (over the training data's vocabulary)."""
+        return classifier_codec(self.settings, self.dataset)
+
+    def probabilities(self, texts: Sequence[str]) -> torch.Tensor:
+        """Class probabilities (M, K) of new texts (tokenized as ``prep`` does for word encoders)."""
+        codec = self.codec
+        items = LabelledTexts(codec.encode_texts(list(texts)), np.zeros(len(texts), dtype=np.int64), codec)
+        return torch.softmax(predict_logits(self.model, items, self.device, self.settings.amp), dim=1)
+
+    def predict(self, texts: Sequence[str]) -> list[tuple[str, float]]:
+        """``(label, probability)`` of the most probable class of each text."""
+        probs = self.probabilities(texts)
+        best = probs.argmax(1)
+        return [(self.labels[int(k)], float(probs[i, k])) for i, k in enumerate(best)]
+
+    def split_texts(self, split: str) -> LabelledTexts:
+        """The texts of ``split`` of the run's dataset, encoded for the run's encoder."""
+        return labelled_texts(self.dataset, split, self.codec)
+
+    def evaluate(self, split: str = "test", texts: Sequence[str] | None = None) -> dict[str, Any]:
+        """:func:`train.classification.metrics.classification_metrics` of ``split``; ``texts`` replace the
+        split's texts one for one (the noise analysis)."""
+        items = self.split_texts(split)
+        if texts is not None:
+            if len(texts) != len(items):
+                raise UserError(f"{len(texts)} texts given for split '{split}', which has {len(items)}")
+            codes = self.codec.encode_texts(list(texts))
+            items = LabelledTexts(codes, items.labels, items.codec, list(texts))
+        logits = predict_logits(self.model, items, self.device, self.settings.amp)
+        return classification_metrics(items.labels, logits.argmax(1).numpy(), self.labels)
+
+
+def is_classification_run(run_dir: str | Path) -> bool:
+    """Whether ``run_dir``'s ``config.json`` is that of a ``train classify`` run."""
+    try:
+        return read_config(run_dir).get("task") == TASK
+    except UserError:
+        return False
+
+
+def load_classification_run(run_dir: str | Path, checkpoint: str = "best", device: str = "auto"
+                            ) -> ClassificationRun:
+    """Rebuild the classifier of ``run_dir`` from ``checkpoints/<checkpoint>.pt``."""
+    run_dir = Path(run_dir)
+    path = RunDir(run_dir).checkpoint(checkpoint)
+    config = read_config(run_dir)
+    settings = classify_settings_from_config(config["settings"])
+    dev = resolve_device(device)
+    state = load_checkpoint(path, map_location="cpu")
+    model = build_classifier(settings, int(config["vocab_size"]), len(config["labels"]))
+    load_model_state(model, state["model"], path, config.get("code_version", "?"))
+    model.to(dev).eval()
+    return ClassificationRun(run_dir=run_dir, settings=settings, config=config, model=model, device=dev,
+                             checkpoint=checkpoint, epoch=int(state["epoch"]))

@@ -1,0 +1,255 @@
+"""``train evaluate``: parses, then :func:`train.retrieval.evaluate.run.evaluate_run` (a run), the
+evaluation of embedding or similarity files (:func:`train.retrieval.evaluate.run.report_evaluation`), or
+:func:`train.classification.evaluate.evaluate_run` (a classification run, :mod:`train.cli.classify`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from pipelines.schema import get_pipeline
+from train.classification.run import is_classification_run
+from train.cli.classify import evaluate_command
+from train.cli.options import (
+    add_checkpoint_argument,
+    add_json_argument,
+    add_run_arguments,
+    run_from_arguments,
+)
+from train.retrieval.evaluate.files import (
+    caption_image_beside,
+    load_caption_image,
+    load_embedding_file,
+    load_similarity_file,
+    sims_images,
+    vsepp_images,
+)
+from train.retrieval.evaluate.inputs import MEASURES, check_similarity_matrix
+from train.retrieval.evaluate.protocols import (
+    PROTOCOLS,
+    ProtocolResult,
+    evaluate_similarities,
+    vsepp_caption_image,
+)
+from train.retrieval.evaluate.ranking import Log, TileHook
+from train.retrieval.evaluate.run import (
+    _check_topk,
+    check_distinct,
+    evaluate_and_report,
+    evaluate_run,
+    parse_protocols,
+    report_evaluation,
+)
+from vsecore.device import add_device_argument
+from vsecore.errors import HelpFormatter, UserError
+from vsecore.outputs import check_output_file
+
+
+def _check_file_outputs(args: argparse.Namespace, inputs: list[str]) -> None:
+    """``--json`` and ``--ranks`` of saved embeddings or similarities: not an input, not inside a dataset,
+    store or run, an existing file only with ``--overwrite``, not the same file."""
+    outputs = {"--json": Path(args.json) if args.json else None,
+               "--ranks": Path(args.ranks) if args.ranks else None}
+    check_distinct(outputs)
+    for option, path in outputs.items():
+        if path is not None:
+            check_output_file(path, inputs=inputs, overwrite=args.overwrite, option=option)
+
+
+def _evaluate_files(args: argparse.Namespace, protocols: list[str]) -> None:
+    if args.measure is None:
+        raise UserError("--measure order|cosine is required with --img-emb")
+    if args.cap_emb is None:
+        raise UserError("--cap-emb is required with --img-emb")
+    if args.noise or args.length_analysis or args.gallery:
+        raise UserError("--noise, --length-analysis and --gallery re-encode or read the captions and "
+                        "images: use --run")
+    ranks_path = Path(args.ranks) if args.ranks else None
+    topk = _check_topk(args.topk, ranks_path)
+    if args.caption_image is not None and args.captions_per_image is not None:
+        raise UserError("give --caption-image or --captions-per-image, not both")
+    ci_file = args.caption_image
+    if ci_file is None and args.captions_per_image is None:
+        ci_file = caption_image_beside(args.cap_emb)
+        if ci_file is not None:
+            print(f"note: using {ci_file} (the image row of each caption, found beside --cap-emb; give "
+                  "--captions-per-image K to use the fixed VSE++ layout instead)")
+    _check_file_outputs(args, [args.img_emb, args.cap_emb, ci_file])
+    captions = load_embedding_file(args.cap_emb, "caption")
+    if ci_file is not None:
+        images = load_embedding_file(args.img_emb, "image")
+        caption_image = torch.from_numpy(load_caption_image(ci_file, images.shape[0], captions.shape[0]))
+    else:
+        k = 5 if args.captions_per_image is None else args.captions_per_image
+        images = vsepp_images(load_embedding_file(args.img_emb, "image"), captions.shape[0], k, print)
+        caption_image = torch.from_numpy(vsepp_caption_image(images.shape[0], k))
+    evaluate_and_report(torch.from_numpy(images), torch.from_numpy(captions), caption_image, args.measure,
+                        protocols, args.order_sqrt, args.fold_size, args.device, args.chance,
+                        Path(args.json) if args.json else None, title=f"{args.img_emb} / {args.cap_emb}",
+                        block_images=args.block_images, block_captions=args.block_captions,
+                        ranks_path=ranks_path, topk=topk)
+
+
+def _evaluate_sims(args: argparse.Namespace, protocols: list[str]) -> None:
+    if args.measure is not None or args.order_sqrt:
+        raise UserError("--sims is a similarity matrix already (larger = more similar): drop --measure and "
+                        "--order-sqrt")
+    if args.noise or args.length_analysis or args.gallery:
+        raise UserError("--noise, --length-analysis and --gallery re-encode or read the captions and "
+                        "images: use --run")
+    if args.caption_image is not None and args.captions_per_image is not None:
+        raise UserError("give --caption-image or --captions-per-image, not both")
+    k = 5 if args.captions_per_image is None else args.captions_per_image
+    if k < 1:
+        raise UserError("--captions-per-image must be at least 1")
+    ranks_path = Path(args.ranks) if args.ranks else None
+    topk = _check_topk(args.topk, ranks_path)
+    _check_file_outputs(args, [args.sims, args.caption_image])
+    sims = load_similarity_file(args.sims)
+    if args.caption_image is not None:
+        if sims.ndim != 2:
+            raise UserError(f"{args.sims}: a similarity matrix must be 2-D, got shape {sims.shape}")
+        n, m = (sims.shape[1], sims.shape[0]) if args.sims_transposed else sims.shape
+        caption_image = torch.from_numpy(load_caption_image(args.caption_image, n, m, grouped=True))
+    else:
+        n = sims_images(sims, k, args.sims_transposed, str(args.sims))
+        caption_image = torch.from_numpy(vsepp_caption_image(n, k))
+    check_similarity_matrix(sims, caption_image, args.sims_transposed, name=str(args.sims))
+
+    def evaluate(on_tile: TileHook, log: Log) -> dict[str, ProtocolResult]:
+        return evaluate_similarities(sims, caption_image, protocols, args.fold_size, args.device,
+                                     args.block_images, args.block_captions, on_tile, topk,
+                                     args.sims_transposed, log)
+
+    what = f"precomputed {sims.dtype} similarities{', transposed' if args.sims_transposed else ''}"
+    report_evaluation(evaluate, n, caption_image, protocols, what, args.fold_size, args.chance,
+                      Path(args.json) if args.json else None, ranks_path, title=str(args.sims),
+                      have="the similarity matrix has")
+
+
+def _command(args: argparse.Namespace) -> int:
+    run_dir = run_from_arguments(args, required=False)
+    if run_dir is not None and is_classification_run(run_dir):  # its own metrics and noise analysis
+        _pipeline_evaluate_settings(args, ("split", "noise"))
+        return evaluate_command(args, run_dir)
+    _pipeline_evaluate_settings(args, ("protocols", "split", "noise", "length_analysis"))
+    args.split = args.split or "test"
+    protocols = parse_protocols(args.protocol)
+    given = {"--run/--pipeline": run_dir, "--img-emb/--cap-emb": args.img_emb or args.cap_emb,
+             "--sims": args.sims}
+    sources = [name for name, value in given.items() if value]
+    if len(sources) > 1:
+        raise UserError(f"give one of --run (or --pipeline), --img-emb/--cap-emb or --sims, not "
+                        f"{' and '.join(sources)}")
+    if args.sims_transposed and args.sims is None:
+        raise UserError("--sims-transposed goes with --sims")
+    if args.lang is not None and run_dir is None:
+        raise UserError("--lang goes with --run (or --pipeline): it picks the run's captions of a language")
+    if run_dir is not None:
+        if args.measure is not None:
+            raise UserError("--measure comes from the run's configuration; drop it with --run")
+        ranks_path = Path(args.ranks) if args.ranks else None
+        gallery = Path(args.gallery) if args.gallery else None
+        if args.gallery_queries < 1:
+            raise UserError(f"--gallery-queries must be at least 1, got {args.gallery_queries}")
+        evaluate_run(run_dir, args.split, protocols, args.noise, args.length_analysis, args.checkpoint,
+                     args.device, Path(args.json) if args.json else None,
+                     Path(args.out) if args.out else None, args.chance, args.noise_seed, args.length_count,
+                     args.fold_size, ranks_path=ranks_path,
+                     topk=_check_topk(args.topk, ranks_path, gallery is not None), gallery_path=gallery,
+                     gallery_queries=args.gallery_queries, lang=args.lang, overwrite=args.overwrite,
+                     accept_changed=args.accept_changed)
+    elif args.sims is not None:
+        _evaluate_sims(args, protocols)
+    elif args.img_emb is not None or args.cap_emb is not None:
+        if args.img_emb is None:
+            raise UserError("--img-emb is required with --cap-emb")
+        _evaluate_files(args, protocols)
+    else:
+        raise UserError("nothing to evaluate: give --run RUN_DIR, --img-emb IMG.npy --cap-emb CAP.npy, "
+                        "or --sims S.npy")
+    return 0
+
+
+def _pipeline_evaluate_settings(args: argparse.Namespace, keys: tuple[str, ...]) -> None:
+    """The ``keys`` of the ``--pipeline``'s evaluate section (:class:`EvaluateSection`), unless given."""
+    ev = get_pipeline(args.pipeline, args.pipelines).evaluate if args.pipeline else None
+    if ev is None:
+        return
+    for key in keys:
+        dest = "protocol" if key == "protocols" else key
+        value = getattr(ev, key)
+        setattr(args, dest, getattr(args, dest) or (list(value) if key == "protocols" else value))
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``evaluate`` subcommand."""
+    p = subparsers.add_parser(
+        "evaluate", help="R@K / median / mean rank of a run or of saved embeddings (COCO-1k/5cv/5k, all)",
+        description="Image-to-text and text-to-image retrieval metrics (R@1, R@5, R@10, median and mean "
+        "rank), computed in bounded-memory blocks, under the protocols COCO-1k (first 1,000-image fold), "
+        "COCO-5cv (average of five folds), COCO-5k (all 5,000) and all (the whole set, e.g. Flickr 1k test). "
+        "With --run, also the CHAIN-VSE noise-robustness and text-length analyses.",
+        formatter_class=HelpFormatter)
+    src = p.add_argument_group("what to evaluate")
+    add_run_arguments(src)
+    src.add_argument("--img-emb", metavar="IMG.npy", help="image embeddings, one row per image "
+                     "(VSE++ layout)")
+    src.add_argument("--cap-emb", metavar="CAP.npy", help="caption embeddings, captions-per-image rows per "
+                     "image, in image order")
+    src.add_argument("--sims", metavar="S.npy", help="a precomputed (images, captions) similarity matrix "
+                     "from any codebase (e.g. SCAN), float16/32/64, larger = more similar, captions in the "
+                     "--cap-emb layout; memory-mapped and read in tiles")
+    src.add_argument("--sims-transposed", action="store_true",
+                     help="--sims is stored as (captions, images)")
+    src.add_argument("--measure", choices=MEASURES, default=None,
+                     help="similarity of --img-emb/--cap-emb (a run uses its own; --sims has none)")
+    src.add_argument("--order-sqrt", action="store_true",
+                     help="order violation with the square root (released VSE/CHAIN code); same rankings")
+    src.add_argument("--captions-per-image", type=int, default=None,
+                     help="captions per image in --cap-emb / --sims, in image order (the VSE++ layout; "
+                     "default 5)")
+    src.add_argument("--caption-image", metavar="CI.npy",
+                     help="the image row of each caption of --cap-emb / --sims ((M,) integers, any number of "
+                     "captions per image), as export-embeddings writes it; with --cap-emb X_cap.npy, "
+                     "X_caption_image.npy beside it is used when there and --captions-per-image is not given")
+    src.add_argument("--split", default=None, choices=("train", "val", "test"),
+                     help="split of --run (default test, or the pipeline's)")
+    add_checkpoint_argument(src, "checkpoint of --run")
+    src.add_argument("--lang", default=None, help="with --run: evaluate the captions of this language (a "
+                     "multilingual clmr/liwe run trained on several) (default: the run's --lang)")
+    ev = p.add_argument_group("protocol and output")
+    ev.add_argument("--protocol", action="append", metavar="P",
+                    help=f"one of {', '.join(PROTOCOLS)}; repeatable or a comma list (default: all)")
+    ev.add_argument("--fold-size", type=int, default=1000, help="images per COCO fold")
+    add_json_argument(ev, "write {protocol: {i2t, t2i, rsum}} as JSON here "
+                    "(--run default: RUN_DIR/eval/<split>_<checkpoint>.json)")
+    ev.add_argument("--ranks", metavar="OUT.csv", help="one CSV row per query and protocol fold: protocol, "
+                    "fold, direction, query, rank (1-based, ties counted against the ground truth), ties, "
+                    "ground truth index(es); indices are rows of the inputs")
+    ev.add_argument("--topk", type=int, metavar="K", default=None, help="with --ranks: each query's K best "
+                    "candidates and their scores (score descending, lower index first among equal scores)")
+    ev.add_argument("--gallery", metavar="OUT.html", help="with --run: a self-contained HTML page of sampled "
+                    "queries with their top --topk results (default 5), ground truth marked")
+    ev.add_argument("--gallery-queries", type=int, metavar="N", default=10,
+                    help="sampled queries per direction in the --gallery page")
+    ev.add_argument("--out", metavar="DIR", help="folder for the outputs of --run (default RUN_DIR/eval)")
+    ev.add_argument("--overwrite", action="store_true",
+                    help="replace existing --json, --ranks, --gallery and --out files (a run's own eval/ "
+                         "results are replaced by a re-evaluation without it)")
+    ev.add_argument("--chance", action="store_true", help="add the expected metrics of a random ranking")
+    add_device_argument(ev, metavar="DEVICE")
+    ev.add_argument("--block-images", type=int, default=None, help="tile height (default: by measure "
+                    "and device)")
+    ev.add_argument("--block-captions", type=int, default=None, help="tile width (default: by measure "
+                    "and device)")
+    an = p.add_argument_group("analyses (--run only)")
+    an.add_argument("--noise", metavar="START:STOP:STEP", help="noise robustness at these ratios of replaced "
+                    "characters, e.g. 0.01:0.25:0.01 (first --protocol)")
+    an.add_argument("--noise-seed", type=int, default=0, help="seed of the character noise")
+    an.add_argument("--length-analysis", action="store_true",
+                    help="R@1 and mean rank on the images with the longest / shortest captions (table 4)")
+    an.add_argument("--length-count", type=int, default=100, help="images per length group")
+    p.set_defaults(func=_command)

@@ -1,0 +1,167 @@
+"""The command-line options of ``train <family>``: each family's own (generated from the fields of its
+config, :func:`family_options`), the common ones, and the defaults ``--help`` shows, taken from the
+settings the family resolves (what a run records)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
+
+from pydantic.fields import FieldInfo
+
+from pipelines.schema import add_pipeline_arguments
+from train.engine.settings import DRY_RUN_ALPHABET, DRY_RUN_IMAGE_DIM, DRY_RUN_VOCABULARY, TrainSection
+from train.models.family import get_family, train_settings, with_family_defaults
+
+
+def _comma_list(kind: type) -> Callable[[str], list]:
+    def parse(text: str) -> list:
+        try:
+            return [kind(v.strip()) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}") from None
+
+    return parse
+
+
+def field_option(group: argparse._ActionsContainer, name: str, info: FieldInfo) -> None:
+    """Add ``--name`` for the settings field ``name``: its type and choices from the annotation, its help
+    from the description; ``default=None``, so a value not given comes from the pipeline or the schema
+    (:func:`pipelines.schema.stage_settings`)."""
+    help_text = (info.description or "").replace("%", "%%")  # argparse formats the help with %
+    kwargs: dict[str, Any] = {"dest": name, "default": None, "help": help_text}
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    if "metavar" in extra:
+        kwargs["metavar"] = extra["metavar"]
+    kind = info.annotation
+    if get_origin(kind) in (Union, UnionType):  # X | None: an option of type X
+        kinds = [a for a in get_args(kind) if a is not type(None)]
+        kind = kinds[0] if len(kinds) == 1 else None
+    if kind is bool:
+        kwargs["action"] = argparse.BooleanOptionalAction
+    elif get_origin(kind) is Literal:
+        kwargs["choices"] = get_args(kind)
+        kwargs["type"] = type(get_args(kind)[0])
+    elif get_origin(kind) is list:
+        kwargs["type"] = _comma_list(get_args(kind)[0])
+    elif kind in (int, float, str):
+        kwargs["type"] = kind
+    else:
+        raise TypeError(f"setting {name!r}: no command-line option for the type {info.annotation!r}")
+    group.add_argument("--" + name.replace("_", "-"), **kwargs)
+
+
+def family_options(group: argparse._ActionsContainer, family: str) -> None:
+    """The options of ``train <family>`` that only it takes: one per field of its config (in declaration
+    order, the config's own before those it inherits), then the common fields it offers in its own group
+    (:attr:`train.models.family.Family.common_options`)."""
+    declared = get_family(family)
+    fields = declared.config.model_fields
+    own = [name for name in vars(declared.config).get("__annotations__", {}) if name in fields]
+    for name in [*own, *(name for name in fields if name not in own)]:  # its own first, then inherited
+        field_option(group, name, fields[name])
+    for name in declared.common_options:
+        field_option(group, name, TrainSection.model_fields[name])
+
+
+#: the common settings' option groups of ``train <family>``, in ``--help`` order: every field of
+#: ``TrainSection`` (but ``family``) is in one group, or offered by the families that use it in their own
+#: group (:attr:`train.models.family.Family.common_options`). The options that are not settings follow in
+#: the run group (:func:`_run_options`).
+COMMON_GROUPS: dict[str, tuple[str, ...]] = {
+    "data": ("data", "features", "lang", "max_chars", "captions_per_epoch"),
+    "model and loss": ("d", "measure", "order_sqrt", "loss", "margin"),
+    "optimisation": ("batch_size", "lr", "lr_decay_patience", "lr_schedule", "lr_step", "early_stop",
+                     "epochs", "grad_clip", "seed"),
+    "validation": ("val_protocol", "val_images"),
+    "run": ("out", "checkpoint_every", "device", "amp", "workers"),
+}
+#: common fields no group lists: only the families that read words offer them (seam, vse, clmr; liwe
+#: ``max_words``)
+FAMILY_OFFERED = ("max_words", "min_word_count")
+
+
+def _check_groups() -> None:
+    placed = [name for names in COMMON_GROUPS.values() for name in names]
+    fields = set(TrainSection.model_fields) - {"family"}
+    missing, unknown = fields - set(placed) - set(FAMILY_OFFERED), set(placed) - fields
+    if missing or unknown or len(placed) != len(set(placed)):
+        raise RuntimeError(f"COMMON_GROUPS is out of date: without an option {sorted(missing)}, not a common "
+                           f"setting {sorted(unknown)}")
+
+
+_check_groups()
+
+
+def common_options(p: argparse.ArgumentParser) -> None:
+    """The options every ``train <family>`` takes: one per common setting (:data:`COMMON_GROUPS`, generated
+    like a family's own by :func:`field_option`), then those that are not settings (``--resume``,
+    ``--overwrite``, ``--dry-run`` and its sizes, ``--pipeline``)."""
+    fields = TrainSection.model_fields
+    groups = {title: p.add_argument_group(title) for title in COMMON_GROUPS}
+    for title, names in COMMON_GROUPS.items():
+        for name in names:
+            field_option(groups[title], name, fields[name])
+    _run_options(groups["run"])
+    add_pipeline_arguments(p)
+
+
+def _run_options(group: argparse._ArgumentGroup) -> None:
+    """The run group's options that are not settings."""
+    group.add_argument("--resume", action="store_true",
+                       help="continue the run in --out from its newest checkpoint, also one written "
+                            "mid-epoch")
+    group.add_argument("--overwrite", action="store_true",
+                       help="start over in an --out that already holds a run: the files the run wrote are "
+                            "deleted; a folder holding anything else is refused")
+    group.add_argument("--dry-run", dest="dry_run", action="store_true",
+                       help="build the model, print its parameter counts per part and exit")
+    group.add_argument("--alphabet-size", dest="alphabet_size", type=int, default=None,
+                       help=f"character alphabet size for --dry-run without --data (default "
+                            f"{DRY_RUN_ALPHABET})")
+    group.add_argument("--vocab-size", dest="vocab_size", type=int, default=None,
+                       help=f"word vocabulary size for --dry-run of a word model without --data (default "
+                            f"{DRY_RUN_VOCABULARY})")
+    group.add_argument("--image-dim", dest="image_dim", type=int, default=None,
+                       help=f"image feature dimension for --dry-run without --features (default "
+                            f"{DRY_RUN_IMAGE_DIM})")
+
+
+#: a help text's own "(default ...)" note at its end, replaced by the resolved value
+_DEFAULT_NOTE = re.compile(r"\s*\(default[^()]*(?:\([^()]*\)[^()]*)*\)\s*$")
+#: options whose value is not a setting a run records (or has no single default)
+NOT_SETTINGS = ("out", "family", "data", "features", "pipeline", "pipelines")
+
+
+def shown(value: Any) -> str:
+    """A setting as ``--help`` shows it: on/off, numbers as Python prints them, lists comma-separated."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value) if value else "none"
+    return str(value)
+
+
+def resolved_defaults(family: str) -> TrainSection:
+    """The settings a run of ``family`` records for every option not given (schema defaults, then the
+    family's own defaults, without a dataset: the vse ``--kind`` preset shows COCO's column)."""
+    return with_family_defaults(train_settings(family=family, out="RUN_DIR"), None)
+
+
+def show_resolved_defaults(parser: argparse.ArgumentParser, family: str) -> None:
+    """Rewrite each setting's "(default ...)" in ``--help`` from :func:`resolved_defaults`, so the help
+    and a run's ``config.json`` read one source (a family default shows as that family's value)."""
+    resolved = resolved_defaults(family)
+    notes = get_family(family).help_notes
+    for action in parser._actions:
+        key = action.dest
+        if key not in type(resolved).model_fields or key in NOT_SETTINGS:
+            continue
+        value = getattr(resolved, key)
+        if value is None:  # no value without data: the description's own note says what is used
+            continue
+        text = _DEFAULT_NOTE.sub("", action.help or "")
+        action.help = f"{text} (default {shown(value)}{notes.get(key, '')})"

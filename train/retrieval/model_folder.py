@@ -1,0 +1,295 @@
+"""``train export-model --run R --out DIR``: a trained model in a folder made for sharing, and its reader.
+
+A checkpoint carries the whole training state; what one publishes with a paper is the model. The
+folder holds no pickle at all, so opening it can run no code:
+
+    weights.safetensors     the model's tensors (``safetensors``: a JSON header and raw bytes)
+    featurizer.safetensors  for Full-Network Embedding stores only: the store's train statistics
+                            ``fne_mean`` (F,) and ``fne_std`` (F,) that discretise a new image's row
+    model.json              what rebuilds the model and featurizes inputs: format, family, settings,
+                            vocab_size, feature_shape, text_input, the text vocabulary and its limits,
+                            the feature spec (store key and the store's extractor configuration), the
+                            toolkit version, the source run, and the SHA-256 of each .safetensors file
+
+:func:`train.retrieval.open.load_run` (so ``train query``, ``train evaluate`` and ``export-embeddings``)
+accepts such a folder as ``--run``: a :class:`SharedModel` with no optimiser and no random states,
+for evaluation and queries only. Texts are encoded with the recorded vocabulary; images are
+featurized from the recorded extractor configuration (same network, weights checked by SHA-256,
+crops and sizes; FNE statistics and thresholds). Candidates of a query or evaluation come from the
+prepared dataset and feature store the settings name, when they exist on this machine, or from
+``--data`` / ``--features``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from features.fne import ternarize
+from features.images import ImageError, load_image
+from features.mapper import ImageMapper
+from features.store import FeatureStore
+from features.store_read import parse_spec
+from prep.dataset import Vocabulary
+from train.engine.data import TextCodec
+from train.engine.inference import embed_images
+from train.models.family import model_spec
+from train.models.joint import build_model
+from train.retrieval.loaded import LoadedRun, load_run_directory
+from train.run.checkpoint import check_model_state
+from train.run.config import model_sizes, settings_from_config, validate_config
+from train.run.layout import CONFIG
+from vsecore.device import resolve_device
+from vsecore.errors import UserError
+from vsecore.io import atomic_directory, sha256_file, write_json_atomic
+from vsecore.version import code_version
+
+MODEL_JSON = "model.json"
+WEIGHTS = "weights.safetensors"
+FEATURIZER = "featurizer.safetensors"
+#: the ``format`` of model.json, and the version this code reads and writes
+MODEL_FORMAT = "vse-toolkit-model"
+MODEL_FORMAT_VERSION = 1
+#: a model.json larger than this is refused before it is parsed (a word vocabulary is a few MB)
+MAX_MODEL_JSON_BYTES = 64 << 20
+
+
+def _store_config(features: str) -> tuple[str, dict[str, Any]]:
+    """``(key, config)`` of the feature spec ``STORE[:key]``: the key the run reads and the store's
+    recorded extractor configuration."""
+    path, key = parse_spec(features)
+    store = FeatureStore(path)
+    key = key or ("global" if store.has("global") else "fne")
+    return key, dict(store.attrs.get("config", {}))
+
+
+def export_model(run_dir: str | os.PathLike, out: str | os.PathLike, checkpoint: str = "best",
+                 overwrite: bool = False) -> Path:
+    """Write the model of ``run_dir``'s ``checkpoints/<checkpoint>.pt`` as a shareable folder ``out``.
+
+    ``out`` must not exist, or (with ``overwrite``) be a model folder this command wrote; it is
+    written into a temporary sibling and renamed into place at the end.
+    """
+    from safetensors.torch import save_file
+
+    if is_model_folder(run_dir):
+        raise UserError(f"{run_dir}: already a model folder made by export-model (copy it to share it)")
+    run = load_run_directory(run_dir, checkpoint, "cpu")
+    out = Path(out)
+    if out.exists():
+        if not overwrite:
+            raise UserError(f"{out}: already exists; give another --out or --overwrite")
+        if not is_model_folder(out):
+            raise UserError(f"{out}: exists and is not a model folder written by export-model; not "
+                            "replacing it")
+    codec = run.codec
+    key, store_config = _store_config(run.settings.features)
+    model_json: dict[str, Any] = {
+        "format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION,
+        "family": run.settings.family, "settings": run.settings.model_dump(),
+        "text_input": codec.kind, "vocab_size": codec.vocab_size,
+        "feature_shape": model_sizes(run.config)[1],
+        "vocabulary": {"kind": codec.kind, "symbols": list(codec.vocab.symbols), "pad": codec.vocab.pad,
+                       "unk": codec.vocab.unk, "lowercase": bool(codec.vocab.lowercase),
+                       "min_count": int(codec.vocab.min_count), "max_len": int(codec.max_len),
+                       "word_length": int(codec.word_length), "lang": codec.lang},
+        "features": {"key": key, "store": store_config},
+        "toolkit_version": code_version(),
+        "source": {"run": str(Path(run_dir).resolve()), "checkpoint": checkpoint, "epoch": run.epoch,
+                   "code_version": run.config.get("code_version")},
+    }
+    tensors = {name: t.detach().cpu().contiguous().clone() for name, t in run.model.state_dict().items()}
+    with atomic_directory(out, overwrite=True) as tmp:
+        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": MODEL_FORMAT})
+        model_json["sha256"] = {WEIGHTS: sha256_file(tmp / WEIGHTS)}
+        if key == "fne":
+            store = FeatureStore(parse_spec(run.settings.features)[0])
+            thresholds = store.array("fne/ternary").attrs.get("thresholds") or store_config["thresholds"]
+            model_json["features"]["thresholds"] = [float(t) for t in thresholds]
+            # the statistics in the store's own dtype: a new image is discretised exactly as the store's rows
+            save_file({name: torch.from_numpy(np.ascontiguousarray(store.array(f"fne/{array}")[:]))
+                       for name, array in (("fne_mean", "mean"), ("fne_std", "std"))}, str(tmp / FEATURIZER))
+            model_json["sha256"][FEATURIZER] = sha256_file(tmp / FEATURIZER)
+        write_json_atomic(tmp / MODEL_JSON, model_json)
+    return out
+
+
+# -- reading a model folder --------------------------------------------------------------------------
+def read_model_json(folder: Path) -> dict[str, Any]:
+    """``model.json`` of a model folder, checked: format, version, settings (the run schema), sizes,
+    vocabulary and feature spec (a one-line :class:`UserError` naming the file otherwise)."""
+    path = folder / MODEL_JSON
+    if path.stat().st_size > MAX_MODEL_JSON_BYTES:
+        raise UserError(f"{path}: larger than {MAX_MODEL_JSON_BYTES >> 20} MiB; not a model description")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise UserError(f"{path}: not readable JSON ({type(exc).__name__})") from None
+    if not isinstance(meta, dict) or meta.get("format") != MODEL_FORMAT:
+        raise UserError(f"{path}: not a model description written by `train export-model`")
+    if meta.get("format_version") != MODEL_FORMAT_VERSION:
+        raise UserError(f"{path}: model format version {meta.get('format_version')!r}, this code reads "
+                        f"{MODEL_FORMAT_VERSION}")
+    validate_config(meta, path)
+    vocab = meta.get("vocabulary")
+    fields = {"kind": str, "symbols": list, "pad": str, "unk": str, "lowercase": bool, "min_count": int,
+              "max_len": int, "word_length": int, "lang": str}
+    if not isinstance(vocab, dict) or any(not isinstance(vocab.get(k), t) for k, t in fields.items()):
+        raise UserError(f"{path}: 'vocabulary' lacks one of {', '.join(fields)} (or has the wrong type)")
+    symbols = vocab["symbols"]
+    if (not all(isinstance(s, str) for s in symbols) or len(symbols) != meta["vocab_size"]
+            or vocab["pad"] not in symbols or vocab["unk"] not in symbols
+            or vocab["kind"] != meta.get("text_input")):
+        raise UserError(f"{path}: the vocabulary does not match vocab_size {meta['vocab_size']} and "
+                        f"text_input {meta.get('text_input')!r}")
+    spec = meta.get("features")
+    if not isinstance(spec, dict) or not isinstance(spec.get("key"), str) or not isinstance(spec.get("store"),
+                                                                                             dict):
+        raise UserError(f"{path}: 'features' lacks the store key and configuration")
+    sums = meta.get("sha256")
+    if not isinstance(sums, dict) or not isinstance(sums.get(WEIGHTS), str):
+        raise UserError(f"{path}: 'sha256' does not give the checksum of {WEIGHTS}")
+    return meta
+
+
+def _read_tensors(folder: Path, name: str, meta: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The tensors of ``folder/name`` after checking its SHA-256 against ``model.json``."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = folder / name
+    if not path.is_file():
+        raise UserError(f"{path}: missing (the model folder is incomplete)")
+    expected = meta["sha256"].get(name)
+    if sha256_file(path) != expected:
+        raise UserError(f"{path}: its SHA-256 is not the one model.json records: the file was changed or "
+                        "damaged")
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise UserError(f"{path}: not a readable safetensors file ({exc})") from None
+
+
+def load_model_folder(folder: str | os.PathLike, checkpoint: str = "best", device: str = "auto"
+                      ) -> SharedModel:
+    """Rebuild the model of a folder written by :func:`export_model` (no pickle is read).
+
+    ``checkpoint`` must be ``best`` (the folder holds one set of weights: the exported checkpoint).
+    """
+    folder = Path(folder)
+    if checkpoint != "best":
+        raise UserError(f"{folder}: a model folder holds one set of weights (the exported checkpoint); "
+                        f"--checkpoint {checkpoint} does not apply")
+    meta = read_model_json(folder)
+    settings = settings_from_config(meta["settings"])
+    if model_spec(settings).text_input != meta["text_input"]:
+        raise UserError(f"{folder / MODEL_JSON}: text_input {meta['text_input']!r} is not the one of family "
+                        f"'{settings.family}'")
+    model = build_model(settings, meta["vocab_size"], meta["feature_shape"])
+    tensors = _read_tensors(folder, WEIGHTS, meta)
+    check_model_state(model, tensors, str(folder / WEIGHTS))
+    model.load_state_dict(tensors)
+    dev = resolve_device(device)
+    model.to(dev).eval()
+    vocab = meta["vocabulary"]
+    table = Vocabulary(symbols=list(vocab["symbols"]), min_count=vocab["min_count"],
+                       lowercase=vocab["lowercase"], pad=vocab["pad"], unk=vocab["unk"])
+    codec = TextCodec(vocab["kind"], table, vocab["max_len"], vocab["word_length"], vocab["lang"])
+    source = meta.get("source") if isinstance(meta.get("source"), dict) else {}
+    epoch = source.get("epoch") if isinstance(source.get("epoch"), int) else 0
+    return SharedModel(run_dir=folder, settings=settings, config=meta, model=model, device=dev,
+                       checkpoint="model", epoch=epoch, shared_codec=codec)
+
+
+@dataclass
+class SharedModel(LoadedRun):
+    """A model read from an export-model folder: a :class:`train.retrieval.loaded.LoadedRun` for evaluation
+    and
+    queries, whose vocabulary and featurizer come from ``model.json``, not from the training data."""
+
+    shared_codec: TextCodec | None = field(default=None, repr=False)
+
+    @property
+    def codec(self) -> TextCodec:
+        """The recorded text vocabulary and limits."""
+        assert self.shared_codec is not None
+        return self.shared_codec
+
+    @property
+    def dataset(self) -> Any:
+        """The prepared dataset the settings name, when it is on this machine."""
+        data = self.settings.data
+        if self._dataset is None and (not data or not Path(data).exists()):
+            raise UserError(f"{self.run_dir}: the model's prepared dataset ({data}) is not on this machine; "
+                            "rank your own collection with --data DIR --features STORE")
+        return LoadedRun.dataset.fget(self)  # type: ignore[attr-defined]
+
+    def feature_store_config(self) -> dict[str, Any]:
+        """The extractor configuration of the store the model was trained on (recorded)."""
+        return dict(self.config["features"]["store"])
+
+    def encode_images(self, paths: list[str | os.PathLike]) -> torch.Tensor:
+        """Image embeddings (N, d) of image files, featurized from the recorded extractor configuration."""
+        if self._featurizer is None:
+            self._featurizer = RecordedFeaturizer(self, str(self.device))
+        rows, failures = self._featurizer(list(paths))
+        if failures:
+            raise UserError(f"{failures[0]['path']}: cannot use this image: {failures[0]['reason']}")
+        return embed_images(self.model, torch.from_numpy(rows), self.device, amp=self.settings.amp)
+
+
+class RecordedFeaturizer:
+    """``featurizer(paths) -> (rows (B, *feature_shape) float32, failures)`` from a model folder's recorded
+    store configuration: the network and crops of the store, its weights checked by SHA-256, and for a
+    Full-Network Embedding the recorded statistics and thresholds."""
+
+    def __init__(self, model: SharedModel, device: str = "cpu") -> None:
+        spec, config = model.config["features"], model.config["features"]["store"]
+        where = model.run_dir / MODEL_JSON
+        kind = config.get("kind")
+        if kind not in ("cnn", "fne") or (spec["key"] == "global") != (kind == "cnn"):
+            raise UserError(f"{where}: the model's features ({kind}, {spec['key']}) were not computed by "
+                            "`features cnn|fne`, so new images cannot be featurized the same way")
+        self.key = spec["key"]
+        self.feature_shape = tuple(model.config["feature_shape"])
+        self.mapper = ImageMapper.from_config({
+            "cnn": config["cnn"], "weights": config.get("weights", "imagenet"),
+            "kind": "fne" if kind == "fne" else "global", "crops": int(config.get("crops", 10)),
+            "batch_size": 32, "device": str(resolve_device(device)), "input_size": config.get("input_size"),
+            "resize": config.get("resize"), "amp": bool(config.get("amp", False))})
+        if config.get("weights_sha256") != self.mapper.backbone.weights_sha256:
+            raise UserError(f"{where}: the model's features were made with network weights "
+                            f"{str(config.get('weights_sha256'))[:12]}..., the weights found here are "
+                            f"{str(self.mapper.backbone.weights_sha256)[:12]}...")
+        if self.key == "fne":
+            stats = _read_tensors(model.run_dir, FEATURIZER, model.config)
+            self.mean, self.std = stats["fne_mean"].numpy(), stats["fne_std"].numpy()
+            self.thresholds = tuple(float(t) for t in spec["thresholds"])
+
+    def __call__(self, paths: Sequence[str | Path]) -> tuple[np.ndarray, list[dict[str, str]]]:
+        """Rows of the images at ``paths`` (unusable images are left out and listed as failures)."""
+        images, failures = [], []
+        for p in paths:
+            try:
+                images.append(load_image(str(p)))
+            except ImageError as exc:
+                failures.append({"path": str(p), "reason": str(getattr(exc, "reason", None) or exc)})
+        if not images:
+            return np.zeros((0, *self.feature_shape), np.float32), failures
+        (raw,) = self.mapper(images).values()
+        if self.key == "fne":
+            raw = ternarize(raw, self.mean, self.std, *self.thresholds)
+        return np.asarray(raw, dtype=np.float32), failures
+
+
+def is_model_folder(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a model folder written by ``train export-model`` (not a run directory)."""
+    path = Path(path)
+    return (path / MODEL_JSON).is_file() and not (path / CONFIG).exists()
