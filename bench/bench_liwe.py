@@ -31,7 +31,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prep.dataset import Vocabulary  # noqa: E402
-from train.engine.data import ImageRows, TextCodec  # noqa: E402
+from train.engine.codecs import TextCodec
+from train.engine.data import ImageRows
 from train.engine.inference import embed_codes, embed_images  # noqa: E402
 from train.engine.similarity import similarity  # noqa: E402
 from train.models.family import train_settings  # noqa: E402

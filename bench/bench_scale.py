@@ -292,7 +292,8 @@ def phase_eval(family: str, root: Path, scale: float, eval_captions: int) -> dic
     import torch
 
     from prep.dataset import PreparedDataset
-    from train.engine.data import codec_for, load_caption_set, read_features, read_region_counts
+    from train.engine.codecs import codec_for
+    from train.engine.data import load_caption_set, read_features, read_region_counts
     from train.engine.inference import embed_codes, embed_images
     from train.models.family import model_spec
     from train.models.joint import build_model

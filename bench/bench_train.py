@@ -22,7 +22,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prep.dataset import Vocabulary  # noqa: E402
-from train.engine.data import CaptionSet, ImageRows, TextCodec  # noqa: E402
+from train.engine.codecs import TextCodec
+from train.engine.data import CaptionSet, ImageRows
 from train.engine.objectives import ContrastiveObjective  # noqa: E402
 from train.engine.trainer import Trainer  # noqa: E402
 from train.models.family import train_settings  # noqa: E402

@@ -15,15 +15,8 @@ import torch
 
 from prep.dataset import PreparedDataset
 from prep.vocab import build_char_vocabulary, build_word_vocabulary
-from train.engine.data import (
-    encode_text,
-    epoch_batches,
-    feature_spec,
-    load_caption_set,
-    read_features,
-    text_codec,
-    word_vocabulary,
-)
+from train.engine.codecs import encode_text, text_codec, word_vocabulary
+from train.engine.data import epoch_batches, feature_spec, load_caption_set, read_features
 from vsecore.errors import UserError
 
 COLOURS = ("red", "green", "blue", "yellow")

@@ -159,7 +159,7 @@ def test_word_length_from_statistics():
 
 
 def test_words_are_spelled_by_the_one_text_codec():
-    from train.engine.data import TextCodec
+    from train.engine.codecs import TextCodec
 
     chars = Vocabulary(["<pad>", "<unk>", "a", "b", "c"])
     spelled = TextCodec("word_chars", chars, 10, 4, "en").encode("", ["cab", "abcabc", "x"])

@@ -35,7 +35,7 @@ from train.classification.model import (
     labelled_texts,
     predict_logits,
 )
-from train.engine.data import TextCodec
+from train.engine.codecs import TextCodec
 from train.engine.settings import DRY_RUN_ALPHABET, ClassifySection
 from train.engine.trainer import Trainer
 from train.run.checkpoint import remove_stale_temporaries

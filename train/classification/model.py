@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from prep.textcls import TextClsDataset
-from train.engine.data import TextCodec, codec_for
+from train.engine.codecs import TextCodec, codec_for
 from train.engine.inference import embed_codes
 from train.engine.settings import ClassifySection
 from train.models.family import model_spec

@@ -22,7 +22,7 @@ from train.classification.model import (
     labelled_texts,
     predict_logits,
 )
-from train.engine.data import TextCodec
+from train.engine.codecs import TextCodec
 from train.engine.settings import ClassifySection
 from train.run.checkpoint import load_checkpoint, load_model_state
 from train.run.config import (

@@ -134,23 +134,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=HelpFormatter)
     p.add_argument("--data", metavar="PREPARED", default=None, help="folder written by `prep textcls`")
     _encoder_options(p)
-    o = p.add_argument_group("optimisation")
-    o.add_argument("--batch-size", dest="batch_size", type=int, default=None, help="texts per batch "
-                   "(default 128)")
-    o.add_argument("--lr", type=float, default=None, help="Adam learning rate (default 1e-3)")
-    o.add_argument("--lr-schedule", dest="lr_schedule", choices=("plateau", "step", "constant"), default=None,
-                   help="plateau: /10 after --lr-decay-patience epochs without a better val accuracy; "
-                        "step: /10 every --lr-step epochs; constant (default plateau)")
-    o.add_argument("--lr-decay-patience", dest="lr_decay_patience", type=int, default=None,
-                   help="epochs without improvement before the /10 (default 2)")
-    o.add_argument("--lr-step", dest="lr_step", type=int, default=None,
-                   help="epochs per /10 step (default 15)")
-    o.add_argument("--early-stop", dest="early_stop", type=int, default=None,
-                   help="stop after this many epochs without a better val accuracy (default 4)")
-    o.add_argument("--epochs", type=int, default=None, help="maximum number of epochs (default 20)")
-    o.add_argument("--grad-clip", dest="grad_clip", type=float, default=None,
-                   help="clip the gradient norm; 0 disables (default 5.0)")
-    o.add_argument("--seed", type=int, default=None, help="seed of initialisation and shuffling (default 0)")
+    _optimisation_options(p.add_argument_group("optimisation"))
     r = p.add_argument_group("run")
     r.add_argument("--out", metavar="RUN_DIR", default=None, help="run directory (default "
                    "runs/classify-<timestamp>)")
@@ -185,3 +169,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_checkpoint_argument(q, "checkpoint of the run")
     add_device_argument(q)
     q.set_defaults(func=_predict_command)
+
+
+def _optimisation_options(o: argparse._ArgumentGroup) -> None:
+    o.add_argument("--batch-size", dest="batch_size", type=int, default=None, help="texts per batch "
+                   "(default 128)")
+    o.add_argument("--lr", type=float, default=None, help="Adam learning rate (default 1e-3)")
+    o.add_argument("--lr-schedule", dest="lr_schedule", choices=("plateau", "step", "constant"), default=None,
+                   help="plateau: /10 after --lr-decay-patience epochs without a better val accuracy; "
+                        "step: /10 every --lr-step epochs; constant (default plateau)")
+    o.add_argument("--lr-decay-patience", dest="lr_decay_patience", type=int, default=None,
+                   help="epochs without improvement before the /10 (default 2)")
+    o.add_argument("--lr-step", dest="lr_step", type=int, default=None,
+                   help="epochs per /10 step (default 15)")
+    o.add_argument("--early-stop", dest="early_stop", type=int, default=None,
+                   help="stop after this many epochs without a better val accuracy (default 4)")
+    o.add_argument("--epochs", type=int, default=None, help="maximum number of epochs (default 20)")
+    o.add_argument("--grad-clip", dest="grad_clip", type=float, default=None,
+                   help="clip the gradient norm; 0 disables (default 5.0)")
+    o.add_argument("--seed", type=int, default=None, help="seed of initialisation and shuffling (default 0)")

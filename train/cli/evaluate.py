@@ -220,7 +220,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_checkpoint_argument(src, "checkpoint of --run")
     src.add_argument("--lang", default=None, help="with --run: evaluate the captions of this language (a "
                      "multilingual clmr/liwe run trained on several) (default: the run's --lang)")
-    ev = p.add_argument_group("protocol and output")
+    _output_options(p.add_argument_group("protocol and output"))
+    _analysis_options(p.add_argument_group("analyses (--run only)"))
+    p.set_defaults(func=_command)
+
+
+def _analysis_options(an: argparse._ArgumentGroup) -> None:
+    """The noise and length analyses of a run (CHAIN-VSE section 4.3, table 4)."""
+    an.add_argument("--noise", metavar="START:STOP:STEP", help="noise robustness at these ratios of replaced "
+                    "characters, e.g. 0.01:0.25:0.01 (first --protocol)")
+    an.add_argument("--noise-seed", type=int, default=0, help="seed of the character noise")
+    an.add_argument("--length-analysis", action="store_true",
+                    help="R@1 and mean rank on the images with the longest / shortest captions (table 4)")
+    an.add_argument("--length-count", type=int, default=100, help="images per length group")
+
+
+def _output_options(ev: argparse._ArgumentGroup) -> None:
+    """The protocols, the measure, what is written, and where the ranking runs."""
     ev.add_argument("--protocol", action="append", metavar="P",
                     help=f"one of {', '.join(PROTOCOLS)}; repeatable or a comma list (default: all)")
     ev.add_argument("--fold-size", type=int, default=1000, help="images per COCO fold")
@@ -245,11 +261,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "and device)")
     ev.add_argument("--block-captions", type=int, default=None, help="tile width (default: by measure "
                     "and device)")
-    an = p.add_argument_group("analyses (--run only)")
-    an.add_argument("--noise", metavar="START:STOP:STEP", help="noise robustness at these ratios of replaced "
-                    "characters, e.g. 0.01:0.25:0.01 (first --protocol)")
-    an.add_argument("--noise-seed", type=int, default=0, help="seed of the character noise")
-    an.add_argument("--length-analysis", action="store_true",
-                    help="R@1 and mean rank on the images with the longest / shortest captions (table 4)")
-    an.add_argument("--length-count", type=int, default=100, help="images per length group")
-    p.set_defaults(func=_command)

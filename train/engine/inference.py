@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from train.engine.data import CaptionSet, ImageRows, TextCodec
+from train.engine.codecs import TextCodec
+from train.engine.data import CaptionSet, ImageRows
 
 
 def autocast(device: torch.device, amp: bool) -> Any:

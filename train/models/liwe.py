@@ -184,7 +184,7 @@ class LiweWordEmbedder(nn.Module):
         c = chars.shape[-1]
         if c > self.word_length:
             raise ValueError(f"words of {c} characters, but C_w = {self.word_length}: spell them with "
-                             "train.engine.data.TextCodec('word_chars', ..., word_length) first")
+                             "train.engine.codecs.TextCodec('word_chars', ..., word_length) first")
         if c < self.word_length:
             chars = nn.functional.pad(chars, (0, self.word_length - c))
         x = self.chars(chars).flatten(-2)  # (..., C_w * d_c): the characters concatenated

@@ -22,10 +22,10 @@ import torch
 from features.spec import SPEC_ARRAYS, FeatureSpec
 from features.store import FeatureStore
 from prep.dataset import WORDS_FILE, PreparedDataset
+from train.engine.codecs import codec_for
 from train.engine.data import (
     CaptionSet,
     PairSet,
-    codec_for,
     feature_spec,
     load_caption_set,
     load_pair_set,

@@ -17,14 +17,8 @@ from features.featurize import StoreFeaturizer
 from features.store import FeatureStore
 from features.store_read import parse_spec
 from prep.dataset import PreparedDataset
-from train.engine.data import (
-    CaptionSet,
-    TextCodec,
-    codec_for,
-    load_caption_set,
-    read_features,
-    read_region_counts,
-)
+from train.engine.codecs import TextCodec, codec_for
+from train.engine.data import CaptionSet, load_caption_set, read_features, read_region_counts
 from train.engine.inference import embed_caption_set, embed_codes, embed_images
 from train.engine.settings import TrainSection
 from train.models.family import model_spec

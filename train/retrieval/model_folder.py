@@ -38,7 +38,7 @@ from features.mapper import ImageMapper
 from features.store import FeatureStore
 from features.store_read import parse_spec
 from prep.dataset import Vocabulary
-from train.engine.data import TextCodec
+from train.engine.codecs import TextCodec
 from train.engine.inference import embed_images
 from train.models.family import model_spec
 from train.models.joint import build_model

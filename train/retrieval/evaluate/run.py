@@ -246,8 +246,7 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
     ``RUN_DIR/eval``. ``ranks_path`` (and ``topk``): the per-query CSV. ``gallery_path``: an HTML
     page of ``gallery_queries`` sampled queries per direction with their top ``topk`` (default 5)
     results (:mod:`train.retrieval.evaluate.gallery`). The protocols and the length analysis are checked
-    against the
-    split's size before anything is embedded. ``lang``: evaluate the captions of that language (a
+    against the split's size before anything is embedded. ``lang``: evaluate the captions of that language (a
     multilingual run); the JSON is then ``<split>_<checkpoint>_<lang>.json``.
 
     Every output is checked first (:func:`check_run_outputs`; ``overwrite``: replace existing files),
@@ -261,18 +260,7 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
     check_run_outputs(run_dir, outputs, overwrite, [k for k in outputs if k not in given])
     run = load_run(run_dir, checkpoint, device)
     run.accept_changed = accept_changed
-    # too few images for a protocol: say so now, not after embedding the split
-    if lang is not None and lang not in run.dataset.languages:
-        raise UserError(f"--lang {lang}: {run.settings.data} has no captions in it (it has "
-                        f"{', '.join(run.dataset.languages)})")
-    if lang is not None and (noise or length_analysis):
-        raise UserError("--lang evaluates the retrieval protocols only: drop --noise / --length-analysis")
-    n_split = _split_images(run, split, lang)
-    for protocol in protocols:
-        protocol_folds(protocol, n_split, fold_size, have=f"the {split} split has")
-    if length_analysis and n_split < 2 * length_count:
-        raise UserError(f"--length-analysis needs at least {2 * length_count} images (2 x --length-count), "
-                        f"the {split} split has {n_split}")
+    _check_split(run, split, lang, protocols, fold_size, bool(noise), length_analysis, length_count)
     measure, order_sqrt = run.settings.measure, bool(run.settings.order_sqrt)
     if gallery_path is not None and not topk:
         topk = 5
@@ -294,11 +282,34 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
     if ratios is not None:
         _noise_analysis(run, emb, split, ratios, protocols[0], noise_seed, fold_size, out, log)
     if length_analysis:
-        groups = run_length_analysis(emb.images, emb.captions, emb.caption_image, emb.texts, measure,
-                                     length_count, order_sqrt, run.device, log=log)
-        log(format_length_table(groups, title=f"Impact of text length ({split})"))
-        write_json_atomic(out / length_name(split), {
-            name: {d: {"r1": getattr(m, d).r1, "meanr": getattr(m, d).meanr} for d in ("i2t", "t2i")}
-            for name, m in groups.items()})
-        log(f"wrote {out / length_name(split)}")
+        _length_analysis(run, emb, split, length_count, out, log)
     return results
+
+
+def _check_split(run: LoadedRun, split: str, lang: str | None, protocols: Sequence[str], fold_size: int,
+                 noise: bool, length_analysis: bool, length_count: int) -> None:
+    """Too few images for a protocol or the length analysis, a language the run lacks: said before the
+    split is embedded."""
+    if lang is not None and lang not in run.dataset.languages:
+        raise UserError(f"--lang {lang}: {run.settings.data} has no captions in it (it has "
+                        f"{', '.join(run.dataset.languages)})")
+    if lang is not None and (noise or length_analysis):
+        raise UserError("--lang evaluates the retrieval protocols only: drop --noise / --length-analysis")
+    n_split = _split_images(run, split, lang)
+    for protocol in protocols:
+        protocol_folds(protocol, n_split, fold_size, have=f"the {split} split has")
+    if length_analysis and n_split < 2 * length_count:
+        raise UserError(f"--length-analysis needs at least {2 * length_count} images (2 x --length-count), "
+                        f"the {split} split has {n_split}")
+
+
+def _length_analysis(run: LoadedRun, emb: Embeddings, split: str, length_count: int, out: Path, log: Log
+                     ) -> None:
+    """Table 4 of CHAIN-VSE: the longest and shortest captioned images, ``<out>/length_<split>.json``."""
+    groups = run_length_analysis(emb.images, emb.captions, emb.caption_image, emb.texts, run.settings.measure,
+                                 length_count, bool(run.settings.order_sqrt), run.device, log=log)
+    log(format_length_table(groups, title=f"Impact of text length ({split})"))
+    write_json_atomic(out / length_name(split), {
+        name: {d: {"r1": getattr(m, d).r1, "meanr": getattr(m, d).meanr} for d in ("i2t", "t2i")}
+        for name, m in groups.items()})
+    log(f"wrote {out / length_name(split)}")
