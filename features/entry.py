@@ -19,7 +19,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``features`` command and of ``python -m features``."""
     with signal_handlers():
         with interrupted_while_loading("features"):
-            from features.cli import (
-                main as cli_main,  # start-up: signal handlers first, then the heavy imports
-            )
+            # start-up: the signal handlers first, then the heavy imports of the command
+            from features.cli import main as cli_main
         return cli_main(argv)

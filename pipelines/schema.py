@@ -335,7 +335,7 @@ def stage_settings(stage: str, args: argparse.Namespace, **fixed: Any) -> Sectio
 def _section_model(stage: str, values: dict[str, Any]) -> type[Section]:
     """The schema of a stage's section: for ``train``, the settings class of its family."""
     if stage == "train" and "family" in values:
-        from train.models.family import settings_class
+        from train.models.family import settings_class  # start-up: the families (and torch) only when read
 
         return settings_class(values["family"])
     return SECTIONS[stage]

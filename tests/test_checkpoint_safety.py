@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_data import make_prepared, make_store
+from helpers import make_prepared, make_store
 from test_trainer import TINY, assert_same_weights, metrics_without_timings, train_cli
 
 from train.cli import main as train_main

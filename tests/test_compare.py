@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_data import make_store
+from helpers import make_store
 from test_train_liwe import make_region_store
 from test_trainer import metrics_without_timings
 

@@ -1,72 +1,19 @@
-"""The caption data pipeline: character encoding, split loading, batches and epoch orders.
-
-Also home of the tiny prepared dataset and feature store the trainer tests build (written with
-the real vocabulary builder and the real feature-store writer, in the documented formats).
-"""
+"""The caption data pipeline: character encoding, split loading, batches and epoch orders (on the tiny
+prepared dataset and feature store of :mod:`helpers`)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import make_prepared, make_store
 
 from prep.dataset import PreparedDataset
-from prep.vocab import build_char_vocabulary, build_word_vocabulary
 from train.engine.codecs import encode_text, text_codec, word_vocabulary
 from train.engine.data import epoch_batches, feature_spec, load_caption_set, read_features
 from vsecore.errors import UserError
-
-COLOURS = ("red", "green", "blue", "yellow")
-THINGS = ("dog", "cat", "bus", "kite", "man", "boat")
-
-
-def make_prepared(root: Path, n_train: int = 24, n_val: int = 8, n_test: int = 8, seed: int = 0) -> Path:
-    """A prepared dataset folder: 2-3 English captions per image naming the image's colour class."""
-    rng = np.random.default_rng(seed)
-    root.mkdir(parents=True, exist_ok=True)
-    images, sentid = [], 0
-    splits = ["train"] * n_train + ["val"] * n_val + ["test"] * n_test
-    for imgid, split in enumerate(splits):
-        colour = COLOURS[imgid % len(COLOURS)]
-        sentences = []
-        for _ in range(2 + imgid % 2):
-            thing, other = (THINGS[int(k)] for k in rng.integers(len(THINGS), size=2))
-            raw = f"A {colour} {thing} next to a {other} in the {colour} light."
-            sentences.append({"sentid": sentid, "imgid": imgid, "raw": raw, "lang": "en",
-                              "tokens": raw.lower().rstrip(".").split()})
-            sentid += 1
-        images.append({"imgid": imgid, "split": split, "filename": f"{imgid:04d}.jpg",
-                       "sentids": [s["sentid"] for s in sentences], "sentences": sentences})
-    data = {"dataset": "tiny", "languages": ["en"], "pairs": [], "images_root": str(root / "images"),
-            "images": images}
-    (root / "dataset.json").write_text(json.dumps(data))
-    train = [s for im in images if im["split"] == "train" for s in im["sentences"]]
-    (root / "chars.json").write_text(json.dumps(build_char_vocabulary(s["raw"] for s in train)))
-    (root / "words.json").write_text(json.dumps(build_word_vocabulary(s["tokens"] for s in train)))
-    return root
-
-
-def make_store(path: Path, dataset: Path, dim: int = 16, invalid: tuple[int, ...] = (),
-               seed: int = 0) -> Path:
-    """A complete ``global`` feature store for ``dataset``: class signal plus noise; ``invalid`` rows fail."""
-    from features.store import FeatureStore
-
-    n = len(json.loads((dataset / "dataset.json").read_text())["images"])
-    rng = np.random.default_rng(seed)
-    x = rng.normal(0, 0.3, (n, dim)).astype(np.float32)
-    x[np.arange(n), np.arange(n) % len(COLOURS)] += 2.0
-    valid = np.ones(n, dtype=bool)
-    valid[list(invalid)] = False
-    x[~valid] = np.nan
-    store = FeatureStore.create(path, np.arange(n), {"global": dim}, block_size=n, config={"test": True},
-                                provenance={"network": "synthetic"})
-    failures = [{"imgid": int(i), "reason": "synthetic failure"} for i in invalid]
-    store.write_block(0, {"global": x}, valid, failures)
-    store.set_attrs(complete=True)
-    return path
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from test_data import make_prepared, make_store
+from helpers import make_prepared, make_store
 
 from train.cli import main as train_main
 from train.models import family as family_registry

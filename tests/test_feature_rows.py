@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_data import make_prepared, make_store
+from helpers import make_prepared, make_store
 
 from features.rows import StoreRows, open_rows
 from features.store import FeatureStore, rows_per_file

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_features_store import make_prepared
+from helpers import make_image_dataset
 
 from features.cli import main
 from features.store import FeatureStore
@@ -51,7 +51,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def data(coco_sample, tmp_path_factory) -> Path:
-    return make_prepared(tmp_path_factory.mktemp("prep"), coco_sample, 24)
+    return make_image_dataset(tmp_path_factory.mktemp("prep"), coco_sample, 24)
 
 
 def run(*args: str) -> int:
@@ -88,7 +88,7 @@ def test_changed_configuration_error_and_overwrite(data, tmp_path, capsys):
 
 
 def test_fne_train_statistics_and_rethreshold(coco_sample, tmp_path, capsys):
-    data = make_prepared(tmp_path / "prep", coco_sample, 8)  # rows 0-4 train
+    data = make_image_dataset(tmp_path / "prep", coco_sample, 8)  # rows 0-4 train
     out = str(tmp_path / "fne.zarr")
     assert run("fne", "--data", str(data), "--out", out, *BASE) == 0
     store = FeatureStore(out)
@@ -137,7 +137,7 @@ def test_bad_image_recorded_or_fatal(coco_sample, tmp_path, capsys):
     bad = tmp_path / "truncated.jpg"
     good = sorted((coco_sample / "images").iterdir())[0].read_bytes()
     bad.write_bytes(good[: len(good) // 4])
-    data = make_prepared(tmp_path / "prep", coco_sample, 6, extra={5: bad})
+    data = make_image_dataset(tmp_path / "prep", coco_sample, 6, extra={5: bad})
     out = str(tmp_path / "f.zarr")
     assert run("cnn", "--data", str(data), "--out", out, *BASE, "--on-error", "fail") == 2
     err = capsys.readouterr().err

@@ -10,11 +10,11 @@ import os
 from pathlib import Path
 
 import cloudpickle
+import helpers
 import numpy as np
 import pytest
-import test_features_store
 import torch
-from test_features_store import ColourFactory, ColourMapper, make_prepared, new_store, paths_of
+from helpers import ColourFactory, ColourMapper, make_image_dataset, new_store, paths_of
 
 from features.cli import main
 from features.executors import InProcessExecutor, open_executor
@@ -23,7 +23,7 @@ from features.store import FeatureStore
 
 distributed = pytest.importorskip("distributed")
 # Workers cannot import the test modules: ship the test mappers by value.
-cloudpickle.register_pickle_by_value(test_features_store)
+cloudpickle.register_pickle_by_value(helpers)
 
 
 class KillOnceMapper(ColourMapper):
@@ -56,7 +56,7 @@ cloudpickle.register_pickle_by_value(__import__(__name__))
 
 @pytest.fixture(scope="module")
 def data(coco_sample, tmp_path_factory) -> Path:
-    return make_prepared(tmp_path_factory.mktemp("prep"), coco_sample, 14)
+    return make_image_dataset(tmp_path_factory.mktemp("prep"), coco_sample, 14)
 
 
 @pytest.fixture(scope="module")

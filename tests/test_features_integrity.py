@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import ColourFactory, make_image_dataset, new_store, paths_of
 from test_features_cli import BASE
-from test_features_store import ColourFactory, make_prepared, new_store, paths_of
 
 from features import store as store_module
 from features.cli import main
@@ -43,14 +43,14 @@ def one_line_error(capsys) -> str:
 
 @pytest.fixture(scope="module")
 def data(coco_sample, tmp_path_factory) -> Path:
-    return make_prepared(tmp_path_factory.mktemp("prep") / "a", coco_sample, 8)
+    return make_image_dataset(tmp_path_factory.mktemp("prep") / "a", coco_sample, 8)
 
 
 @pytest.fixture(scope="module")
 def other_images(coco_sample, tmp_path_factory) -> Path:
     """Same size as ``data``, but row 0 is another image."""
     ninth = sorted((coco_sample / "images").iterdir())[8]
-    return make_prepared(tmp_path_factory.mktemp("prep") / "b", coco_sample, 8, extra={0: ninth})
+    return make_image_dataset(tmp_path_factory.mktemp("prep") / "b", coco_sample, 8, extra={0: ninth})
 
 
 @pytest.fixture(scope="module")

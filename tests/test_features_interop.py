@@ -8,7 +8,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from test_features_store import ColourFactory, make_prepared, new_store, paths_of
+from helpers import ColourFactory, make_image_dataset, new_store, paths_of
 
 from features.cli import main
 from features.executors import InProcessExecutor
@@ -22,7 +22,7 @@ SPLITS = ["train", "val", "train", "test", "val", "train", "test", "train", "tra
 
 @pytest.fixture(scope="module")
 def data(coco_sample, tmp_path_factory) -> Path:
-    return make_prepared(tmp_path_factory.mktemp("prep"), coco_sample, 9, splits=SPLITS)
+    return make_image_dataset(tmp_path_factory.mktemp("prep"), coco_sample, 9, splits=SPLITS)
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,7 @@ def test_hdf5_import_round_trip_and_identity(data, store, coco_sample, tmp_path,
     assert np.flatnonzero(read_matrix(str(only))[1]).tolist() == rows_of("test")
 
     tenth = sorted((coco_sample / "images").iterdir())[9]  # same size, another image at row 3
-    other = make_prepared(tmp_path / "other", coco_sample, 9, splits=SPLITS, extra={3: tenth})
+    other = make_image_dataset(tmp_path / "other", coco_sample, 9, splits=SPLITS, extra={3: tenth})
     assert main(["import", "--format", "hdf5", "--h5", str(h5file), "--data", str(other),
                  "--out", str(tmp_path / "x.zarr")]) == 2
     err = capsys.readouterr().err.strip()
@@ -162,7 +162,7 @@ def test_coco_5k_test_split_is_written_as_scan_testall_and_test(coco_sample, tmp
 def test_fne_hdf5_and_invalid_rows_refused(coco_sample, tmp_path, capsys):
     bad = tmp_path / "bad.jpg"
     bad.write_bytes(b"not an image")
-    data = make_prepared(tmp_path / "prep", coco_sample, 6, splits=["train"] * 4 + ["test"] * 2,
+    data = make_image_dataset(tmp_path / "prep", coco_sample, 6, splits=["train"] * 4 + ["test"] * 2,
                          extra={5: bad})
     store = new_store(tmp_path / "f.zarr", 6, block=4, name="fne/raw")
     extract(store, paths_of(data), ColourFactory("fne/raw"), InProcessExecutor(), progress=False)

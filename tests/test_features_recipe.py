@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_features_store import make_prepared
+from helpers import make_image_dataset
 
 import features.run
 from features.cli import main
@@ -72,7 +72,7 @@ def test_training_spec_check_uses_the_parser():
 
 @pytest.fixture(scope="module")
 def data(coco_sample, tmp_path_factory) -> Path:
-    return make_prepared(tmp_path_factory.mktemp("prep"), coco_sample, 6)
+    return make_image_dataset(tmp_path_factory.mktemp("prep"), coco_sample, 6)
 
 
 def _without_speed(config: dict) -> dict:

@@ -16,9 +16,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from helpers import make_image_dataset
 from test_features_cli import kill_after_first_block
 from test_features_regions import _dataset, _regions, _write_tsv
-from test_features_store import make_prepared
 
 from features.cli import main
 from features.images import load_image
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def data(coco_sample, tmp_path_factory) -> Path:
-    return make_prepared(tmp_path_factory.mktemp("prep"), coco_sample, 24)
+    return make_image_dataset(tmp_path_factory.mktemp("prep"), coco_sample, 24)
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +138,7 @@ def test_bad_image_is_recorded_invalid(coco_sample, tmp_path, capsys):
     bad = tmp_path / "truncated.jpg"
     good = sorted((coco_sample / "images").iterdir())[0].read_bytes()
     bad.write_bytes(good[: len(good) // 4])
-    data = make_prepared(tmp_path / "prep", coco_sample, 4, extra={2: bad})
+    data = make_image_dataset(tmp_path / "prep", coco_sample, 4, extra={2: bad})
     out = tmp_path / "r.zarr"
     assert main(["regions", "--data", str(data), "--out", str(out), *GRID, "--block-size", "3"]) == 0
     assert "1 failed" in capsys.readouterr().out
@@ -152,7 +152,7 @@ def test_bad_image_is_recorded_invalid(coco_sample, tmp_path, capsys):
 
 
 def test_fasterrcnn_adaptive_boxes_store_and_verify_finds_bad_counts(coco_sample, tmp_path):
-    data = make_prepared(tmp_path / "prep", coco_sample, 2)
+    data = make_image_dataset(tmp_path / "prep", coco_sample, 2)
     out = tmp_path / "f.zarr"
     assert main(["regions", "--detector", "fasterrcnn", "--weights", "none", "--input-size", "128",
                  "--min-boxes", "2", "--max-boxes", "12", "--data", str(data), "--out", str(out),

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import make_image_dataset
 from PIL import Image
 from test_features_cli import BASE
-from test_features_store import make_prepared
 
 from features.cli import main
 from features.images import ImageError, load_image
@@ -33,7 +33,7 @@ def one_line_error(capsys) -> str:
 
 @pytest.fixture(scope="module")
 def data(coco_sample, tmp_path_factory) -> Path:
-    return make_prepared(tmp_path_factory.mktemp("prep") / "a", coco_sample, 8)
+    return make_image_dataset(tmp_path_factory.mktemp("prep") / "a", coco_sample, 8)
 
 
 def cnn(data: Path, out: Path, *extra: str) -> int:
@@ -59,7 +59,7 @@ def test_pixel_strip_is_refused_from_its_header(tmp_path):
 
 def test_strip_is_recorded_invalid_and_input_size_is_bounded(coco_sample, tmp_path, capsys):
     strip = strip_png(tmp_path / "strip.png", 6000, 2)
-    data = make_prepared(tmp_path / "prep", coco_sample, 4, extra={3: strip})
+    data = make_image_dataset(tmp_path / "prep", coco_sample, 4, extra={3: strip})
     out = tmp_path / "s.zarr"
     assert cnn(data, out) == 0
     assert "failed imgid 3" in capsys.readouterr().out
@@ -86,7 +86,7 @@ def test_query_featurizer_refuses_the_strip_in_one_line(data, tmp_path):
 @pytest.fixture
 def fne_store(data, tmp_path) -> Path:
     """A finished FNE store of the colour mapper (rows 0-4 train), 8 rows in blocks of 3."""
-    from test_features_store import ColourFactory, new_store, paths_of
+    from helpers import ColourFactory, new_store, paths_of
 
     from features.executors import InProcessExecutor
     from features.extract import extract, finish_fne
@@ -293,7 +293,7 @@ def two_folder_dataset(coco_sample: Path, root: Path) -> tuple[Path, Path]:
         folder = root / ("a" if i < 4 else "b")
         folder.mkdir(parents=True, exist_ok=True)
         extra[i] = Path(shutil.copy(src, folder / src.name))
-    return make_prepared(root / "prep", coco_sample, 8, extra=extra), root / "b"
+    return make_image_dataset(root / "prep", coco_sample, 8, extra=extra), root / "b"
 
 
 def test_vanished_images_folder_stops_the_run_and_a_rerun_resumes(coco_sample, tmp_path, capsys):

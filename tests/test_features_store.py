@@ -1,95 +1,30 @@
 """Feature store and block runner, in-process, with a small deterministic mapper on real COCO images.
 
-``ColourMapper`` (per-image colour statistics of a 16x16 thumbnail) stands in for a CNN so these
-tests pin the store and the runner, not a network; ``make_prepared`` builds a tiny prepared
-dataset over ``coco_sample`` images. Both are reused by the other ``test_features_*`` files.
+``helpers.ColourMapper`` (per-image colour statistics of a 16x16 thumbnail) stands in for a CNN so these
+tests pin the store and the runner, not a network; ``helpers.make_image_dataset`` builds a tiny prepared
+dataset over ``coco_sample`` images.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import ColourFactory, ColourMapper, make_image_dataset, new_store, paths_of
 from PIL import Image
 
 from features.executors import InProcessExecutor
 from features.extract import block_tasks, extract, finish_fne, run_block, write_ternary
 from features.fne import fne_statistics, ternarize
 from features.images import load_image
-from features.store import FeatureStore
 from features.store_read import parse_spec, read_matrix
 from vsecore.errors import UserError
 
 
-def make_prepared(root: Path, coco_sample: Path, n: int, splits: list[str] | None = None,
-                  extra: dict[int, Path] | None = None) -> Path:
-    """A prepared dataset folder of ``n`` coco_sample images (``extra`` replaces rows by other files)."""
-    names = sorted(p.name for p in (coco_sample / "images").iterdir())[:n]
-    splits = splits or ["train" if i < n * 2 // 3 else ("val" if i % 2 else "test") for i in range(n)]
-    images = []
-    for i, name in enumerate(names):
-        path = (extra or {}).get(i)
-        images.append({"imgid": i, "split": splits[i], "filename": path.name if path else name,
-                       "filepath": str(path.parent) if path else "images",
-                       "sentids": [i], "sentences": [{"sentid": i, "imgid": i, "raw": "a photo",
-                                                      "tokens": ["a", "photo"], "lang": "en"}]})
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "dataset.json").write_text(json.dumps({"dataset": "coco", "languages": ["en"], "pairs": [],
-                                                   "images_root": str(coco_sample), "images": images}))
-    (root / "chars.json").write_text(json.dumps({"symbols": ["<pad>", "<unk>", "a"]}))
-    (root / "words.json").write_text(json.dumps({"tokens": ["<pad>", "<unk>", "a"]}))
-    return root
-
-
-class ColourMapper:
-    """Per-image colour statistics (mean, std, min, max of R, G, B on a 16x16 thumbnail), float32."""
-
-    def __init__(self, name: str = "global") -> None:
-        self.outputs = {name: 12}
-        self.provenance = {"network": "colour-statistics", "weights_sha256": None}
-
-    def __call__(self, images: list[Image.Image]) -> dict[str, np.ndarray]:
-        rows = []
-        for img in images:
-            x = np.asarray(img.resize((16, 16), Image.BILINEAR), dtype=np.float32).reshape(-1, 3) / 255
-            rows.append(np.concatenate([x.mean(0), x.std(0), x.min(0), x.max(0)]))
-        name, = self.outputs
-        return {name: np.stack(rows).astype(np.float32)}
-
-
-class ColourFactory:
-    """Picklable recipe for :class:`ColourMapper`; ``log`` (optional) gets one line per build."""
-
-    def __init__(self, name: str = "global", log: str | None = None) -> None:
-        self.name, self.log = name, log
-        self.key = f"colour:{name}"
-
-    def build(self) -> ColourMapper:
-        if self.log:
-            import os
-
-            with open(self.log, "a") as fh:
-                fh.write(f"{os.getpid()}\n")
-        return ColourMapper(self.name)
-
-
-def new_store(path: Path, n: int, block: int, name: str = "global", overwrite: bool = False,
-              config: dict | None = None) -> FeatureStore:
-    return FeatureStore.open_or_create(path, np.arange(n), {name: 12}, block, config or {"cnn": "colour"},
-                                       {"network": "colour"}, overwrite=overwrite)
-
-
-def paths_of(data: Path) -> list[str]:
-    from prep.dataset import PreparedDataset
-
-    return [str(p) for p in PreparedDataset.load(data).image_paths()]
-
-
 @pytest.fixture(scope="module")
 def small(coco_sample, tmp_path_factory) -> Path:
-    return make_prepared(tmp_path_factory.mktemp("prep"), coco_sample, 10)
+    return make_image_dataset(tmp_path_factory.mktemp("prep"), coco_sample, 10)
 
 
 def test_extract_writes_rows_in_dataset_order(small, tmp_path):
@@ -137,7 +72,7 @@ def test_bad_images_are_recorded_and_nan(coco_sample, tmp_path):
     (bad / "noise.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg" * 10)
     Image.new("1", (10_000, 10_000)).save(bad / "bomb.png")
     extra = {1: bad / "truncated.jpg", 4: bad / "noise.jpg", 6: bad / "bomb.png", 7: bad / "missing.jpg"}
-    data = make_prepared(tmp_path / "prep", coco_sample, 8, extra=extra)
+    data = make_image_dataset(tmp_path / "prep", coco_sample, 8, extra=extra)
     paths = paths_of(data)
     store = new_store(tmp_path / "s.zarr", 8, block=3)
     summary = extract(store, paths, ColourFactory(), InProcessExecutor(), progress=False)

@@ -104,7 +104,7 @@ def test_a_run_records_the_defaults_its_help_shows(tmp_path: Path) -> None:
     config.json with the value ``--help`` shows."""
     import json
 
-    from test_data import make_prepared, make_store
+    from helpers import make_prepared, make_store
 
     prepared = make_prepared(tmp_path / "data", n_train=12, n_val=4, n_test=4)
     store = make_store(tmp_path / "f.zarr", prepared)

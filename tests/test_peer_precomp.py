@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_data import make_prepared, make_store
+from helpers import make_prepared, make_store
 from test_features_regions import _dataset, _regions, _write_tsv
 
 from features.cli import main

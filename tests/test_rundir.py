@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_data import make_prepared, make_store
+from helpers import make_prepared, make_store
 
 from train.cli import build_parser
 from train.run.layout import RunDir, evaluation_name, is_eval_file, length_name, noise_name

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_data import make_prepared, make_store
+from helpers import make_prepared, make_store
 
 from train.cli import fit as fit_cli
 from train.retrieval import fit

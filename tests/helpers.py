@@ -1,0 +1,136 @@
+"""What several test files build, in one place: a tiny prepared caption dataset and its feature store
+(:func:`make_prepared`, :func:`make_store`: written with the real vocabulary builder and the real
+feature-store writer, in the documented formats) for the training and evaluation tests, and for the
+``test_features_*`` files a prepared dataset over ``coco_sample`` images (:func:`make_image_dataset`) with a
+small deterministic mapper (:class:`ColourMapper`: per-image colour statistics of a 16x16 thumbnail,
+standing in for a CNN, so those tests pin the store and the runner, not a network)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from features.store import FeatureStore
+from prep.vocab import build_char_vocabulary, build_word_vocabulary
+
+COLOURS = ("red", "green", "blue", "yellow")
+THINGS = ("dog", "cat", "bus", "kite", "man", "boat")
+
+
+def make_prepared(root: Path, n_train: int = 24, n_val: int = 8, n_test: int = 8, seed: int = 0) -> Path:
+    """A prepared dataset folder: 2-3 English captions per image naming the image's colour class."""
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    images, sentid = [], 0
+    splits = ["train"] * n_train + ["val"] * n_val + ["test"] * n_test
+    for imgid, split in enumerate(splits):
+        colour = COLOURS[imgid % len(COLOURS)]
+        sentences = []
+        for _ in range(2 + imgid % 2):
+            thing, other = (THINGS[int(k)] for k in rng.integers(len(THINGS), size=2))
+            raw = f"A {colour} {thing} next to a {other} in the {colour} light."
+            sentences.append({"sentid": sentid, "imgid": imgid, "raw": raw, "lang": "en",
+                              "tokens": raw.lower().rstrip(".").split()})
+            sentid += 1
+        images.append({"imgid": imgid, "split": split, "filename": f"{imgid:04d}.jpg",
+                       "sentids": [s["sentid"] for s in sentences], "sentences": sentences})
+    data = {"dataset": "tiny", "languages": ["en"], "pairs": [], "images_root": str(root / "images"),
+            "images": images}
+    (root / "dataset.json").write_text(json.dumps(data))
+    train = [s for im in images if im["split"] == "train" for s in im["sentences"]]
+    (root / "chars.json").write_text(json.dumps(build_char_vocabulary(s["raw"] for s in train)))
+    (root / "words.json").write_text(json.dumps(build_word_vocabulary(s["tokens"] for s in train)))
+    return root
+
+
+def make_store(path: Path, dataset: Path, dim: int = 16, invalid: tuple[int, ...] = (),
+               seed: int = 0) -> Path:
+    """A complete ``global`` feature store for ``dataset``: class signal plus noise; ``invalid`` rows fail."""
+    from features.store import FeatureStore
+
+    n = len(json.loads((dataset / "dataset.json").read_text())["images"])
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0, 0.3, (n, dim)).astype(np.float32)
+    x[np.arange(n), np.arange(n) % len(COLOURS)] += 2.0
+    valid = np.ones(n, dtype=bool)
+    valid[list(invalid)] = False
+    x[~valid] = np.nan
+    store = FeatureStore.create(path, np.arange(n), {"global": dim}, block_size=n, config={"test": True},
+                                provenance={"network": "synthetic"})
+    failures = [{"imgid": int(i), "reason": "synthetic failure"} for i in invalid]
+    store.write_block(0, {"global": x}, valid, failures)
+    store.set_attrs(complete=True)
+    return path
+
+
+
+
+
+
+
+
+def make_image_dataset(root: Path, coco_sample: Path, n: int, splits: list[str] | None = None,
+                  extra: dict[int, Path] | None = None) -> Path:
+    """A prepared dataset folder of ``n`` coco_sample images (``extra`` replaces rows by other files)."""
+    names = sorted(p.name for p in (coco_sample / "images").iterdir())[:n]
+    splits = splits or ["train" if i < n * 2 // 3 else ("val" if i % 2 else "test") for i in range(n)]
+    images = []
+    for i, name in enumerate(names):
+        path = (extra or {}).get(i)
+        images.append({"imgid": i, "split": splits[i], "filename": path.name if path else name,
+                       "filepath": str(path.parent) if path else "images",
+                       "sentids": [i], "sentences": [{"sentid": i, "imgid": i, "raw": "a photo",
+                                                      "tokens": ["a", "photo"], "lang": "en"}]})
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "dataset.json").write_text(json.dumps({"dataset": "coco", "languages": ["en"], "pairs": [],
+                                                   "images_root": str(coco_sample), "images": images}))
+    (root / "chars.json").write_text(json.dumps({"symbols": ["<pad>", "<unk>", "a"]}))
+    (root / "words.json").write_text(json.dumps({"tokens": ["<pad>", "<unk>", "a"]}))
+    return root
+
+
+class ColourMapper:
+    """Per-image colour statistics (mean, std, min, max of R, G, B on a 16x16 thumbnail), float32."""
+
+    def __init__(self, name: str = "global") -> None:
+        self.outputs = {name: 12}
+        self.provenance = {"network": "colour-statistics", "weights_sha256": None}
+
+    def __call__(self, images: list[Image.Image]) -> dict[str, np.ndarray]:
+        rows = []
+        for img in images:
+            x = np.asarray(img.resize((16, 16), Image.BILINEAR), dtype=np.float32).reshape(-1, 3) / 255
+            rows.append(np.concatenate([x.mean(0), x.std(0), x.min(0), x.max(0)]))
+        name, = self.outputs
+        return {name: np.stack(rows).astype(np.float32)}
+
+
+class ColourFactory:
+    """Picklable recipe for :class:`ColourMapper`; ``log`` (optional) gets one line per build."""
+
+    def __init__(self, name: str = "global", log: str | None = None) -> None:
+        self.name, self.log = name, log
+        self.key = f"colour:{name}"
+
+    def build(self) -> ColourMapper:
+        if self.log:
+            import os
+
+            with open(self.log, "a") as fh:
+                fh.write(f"{os.getpid()}\n")
+        return ColourMapper(self.name)
+
+
+def new_store(path: Path, n: int, block: int, name: str = "global", overwrite: bool = False,
+              config: dict | None = None) -> FeatureStore:
+    return FeatureStore.open_or_create(path, np.arange(n), {name: 12}, block, config or {"cnn": "colour"},
+                                       {"network": "colour"}, overwrite=overwrite)
+
+
+def paths_of(data: Path) -> list[str]:
+    from prep.dataset import PreparedDataset
+
+    return [str(p) for p in PreparedDataset.load(data).image_paths()]
