@@ -10,8 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import make_store
-from test_train_liwe import make_region_store
+from helpers import make_region_store, make_store
 from test_trainer import metrics_without_timings
 
 from prep.cli import main as prep_main

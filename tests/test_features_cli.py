@@ -5,45 +5,19 @@ Small inputs keep it fast: 64-pixel crops, a few blocks of a few real COCO image
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import make_image_dataset
+from helpers import (
+    BASE,
+    kill_after_first_block,
+    make_image_dataset,
+)
 
 from features.cli import main
 from features.store import FeatureStore
 from features.store_read import read_matrix
-
-ROOT = Path(__file__).resolve().parents[1]
-BASE = ["--cnn", "efficientnet_lite0", "--weights", "none", "--crops", "1", "--input-size", "64",
-        "--block-size", "4", "--device", "cpu", "--no-progress"]
-
-
-def kill_after_first_block(args: list[str], out: Path) -> np.ndarray:
-    """Run ``features ARGS`` in a subprocess (one torch thread), SIGKILL it as soon as its first block
-    of the store ``out`` is marked done, and return the store's ``blocks_done`` flags (checked to be
-    neither none nor all, so the caller's resume has work left)."""
-    cmd = [sys.executable, "-m", "features", *args]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    flags = out / "blocks_done" / "c"
-    deadline = time.monotonic() + 120
-    while not (flags.is_dir() and any(flags.iterdir())):
-        assert proc.poll() is None, proc.stderr.read().decode()
-        assert time.monotonic() < deadline, "no block finished in 120 s"
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    done = FeatureStore(out).blocks_done()
-    assert 1 <= done.sum() < done.size, f"kill came too late to test resumption: {done}"
-    return done
-
 
 # one torch thread: bitwise-reproducible CPU kernels and no oversubscription of a shared machine
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

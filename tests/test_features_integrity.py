@@ -16,8 +16,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import ColourFactory, make_image_dataset, new_store, paths_of
-from test_features_cli import BASE
+from helpers import (
+    BASE,
+    ColourFactory,
+    hold_lock,
+    make_image_dataset,
+    new_store,
+    paths_of,
+)
 
 from features import store as store_module
 from features.cli import main
@@ -117,15 +123,6 @@ def test_identity_falls_back_for_older_stores(data, other_images, other_captions
         check_store_matches(short, PreparedDataset.load(data))
 
 
-# -- 7: writer locks ----------------------------------------------------------------------------
-def hold_lock(target: Path) -> subprocess.Popen:
-    code = ("import time; from vsecore.io import exclusive_lock\n"
-            f"with exclusive_lock({str(target)!r}, 'the feature store'):\n"
-            "    print('held', flush=True); time.sleep(120)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert proc.stdout.readline().strip() == "held"
-    return proc
 
 
 def test_every_writer_takes_the_lock_and_a_killed_holder_releases_it(data, tmp_path, capsys):

@@ -6,11 +6,15 @@ from __future__ import annotations
 import base64
 import csv
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import (
+    annotated_dataset,
+    random_regions,
+    write_butd_tsv,
+)
 from PIL import Image
 
 from features.backbones import load_backbone
@@ -32,7 +36,6 @@ from features.regions import (
     grid_boxes,
     select_regions,
 )
-from prep.dataset import PreparedDataset
 from vsecore.errors import UserError
 
 # small Faster R-CNN settings: random weights, a small input scale, so a test image takes about a second
@@ -240,55 +243,21 @@ def test_select_regions_fixed_k():
 # --- readers ------------------------------------------------------------------------------------------
 
 
-def _dataset(tmp_path: Path, names: list[str], splits: list[str], cocoids: list[int] | None = None
-             ) -> PreparedDataset:
-    images = []
-    for i, (name, split) in enumerate(zip(names, splits, strict=True)):
-        entry = {"imgid": i, "split": split, "filename": name, "sentids": [i],
-                 "sentences": [{"sentid": i, "imgid": i, "raw": "a", "tokens": ["a"], "lang": "en"}]}
-        if cocoids:
-            entry["cocoid"] = cocoids[i]
-        images.append(entry)
-    root = tmp_path / "prep"
-    root.mkdir(exist_ok=True)
-    (root / "dataset.json").write_text(json.dumps({"dataset": "coco", "languages": ["en"], "pairs": [],
-                                                   "images_root": str(tmp_path), "images": images}))
-    (root / "chars.json").write_text(json.dumps({"symbols": ["<pad>", "<unk>", "a"]}))
-    (root / "words.json").write_text(json.dumps({"tokens": ["<pad>", "<unk>", "a"]}))
-    return PreparedDataset.load(root)
 
 
-def _write_tsv(path: Path, rows: list[tuple[object, int, int, np.ndarray, np.ndarray]],
-               python3_bytes: bool = False) -> None:
-    """A TSV as bottom-up-attention's generate_tsv.py writes it (csv.DictWriter, tab, no header)."""
-    fields = ["image_id", "image_w", "image_h", "num_boxes", "boxes", "features"]
-
-    def enc(a: np.ndarray) -> str:
-        raw = base64.b64encode(np.ascontiguousarray(a, dtype=np.float32))
-        return str(raw) if python3_bytes else raw.decode("ascii")
-
-    with open(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, delimiter="\t", fieldnames=fields)
-        for image_id, w, h, boxes, feats in rows:
-            writer.writerow({"image_id": image_id, "image_w": w, "image_h": h, "num_boxes": len(boxes),
-                             "boxes": enc(boxes), "features": enc(feats)})
 
 
-def _regions(rng: np.random.Generator, n: int, dim: int, w: int = 640, h: int = 480):
-    xy = rng.uniform(0, [w / 2, h / 2], size=(n, 2))
-    boxes = np.concatenate([xy, xy + rng.uniform(1, [w / 2, h / 2], size=(n, 2))], axis=1)
-    return boxes.astype(np.float32), rng.standard_normal((n, dim)).astype(np.float32)
 
 
 def test_butd_tsv_matched_in_row_order_with_missing_and_extra(tmp_path):
     names = [f"COCO_val2014_{i:012d}.jpg" for i in (391895, 522418, 184613, 318219)]
-    data = _dataset(tmp_path, names, ["train", "train", "val", "test"])
+    data = annotated_dataset(tmp_path, names, ["train", "train", "val", "test"])
     rng = np.random.default_rng(0)
-    regions = {cid: _regions(rng, 36, 2048) for cid in (318219, 391895, 184613, 999999)}
+    regions = {cid: random_regions(rng, 36, 2048) for cid in (318219, 391895, 184613, 999999)}
     # one features field is ~393 KB: far beyond csv.field_size_limit() (131,072)
     assert len(base64.b64encode(regions[391895][1].tobytes())) > csv.field_size_limit()
-    _write_tsv(tmp_path / "a.tsv", [(cid, 640, 480, *regions[cid]) for cid in (318219, 391895)])
-    _write_tsv(tmp_path / "b.tsv", [(cid, 640, 480, *regions[cid]) for cid in (184613, 999999)],
+    write_butd_tsv(tmp_path / "a.tsv", [(cid, 640, 480, *regions[cid]) for cid in (318219, 391895)])
+    write_butd_tsv(tmp_path / "b.tsv", [(cid, 640, 480, *regions[cid]) for cid in (184613, 999999)],
                python3_bytes=True)
     source = read_butd_tsv([tmp_path / "a.tsv", tmp_path / "b.tsv"], data)
     assert (source.k, source.dim, source.has_boxes) == (36, 2048, True)
@@ -305,10 +274,10 @@ def test_butd_tsv_matched_in_row_order_with_missing_and_extra(tmp_path):
 
 
 def test_butd_tsv_adaptive_boxes_pad_to_the_largest(tmp_path):
-    data = _dataset(tmp_path, ["a.jpg", "b.jpg"], ["train", "test"], cocoids=[7, 8])
+    data = annotated_dataset(tmp_path, ["a.jpg", "b.jpg"], ["train", "test"], cocoids=[7, 8])
     rng = np.random.default_rng(1)
-    small, large = _regions(rng, 10, 16), _regions(rng, 23, 16)
-    _write_tsv(tmp_path / "x.tsv", [(8, 100, 50, *large), ("000007", 100, 50, *small)])
+    small, large = random_regions(rng, 10, 16), random_regions(rng, 23, 16)
+    write_butd_tsv(tmp_path / "x.tsv", [(8, 100, 50, *large), ("000007", 100, 50, *small)])
     source = ButdTsv(tmp_path / "x.tsv").source(data)
     assert (source.k, source.dim) == (23, 16) and source.rows.tolist() == [0, 1]
     feats, boxes, count = source.read(0).padded(source.k)
@@ -317,10 +286,10 @@ def test_butd_tsv_adaptive_boxes_pad_to_the_largest(tmp_path):
 
 
 def test_butd_tsv_bad_input_names_the_line(tmp_path):
-    data = _dataset(tmp_path, ["a.jpg"], ["train"], cocoids=[5])
+    data = annotated_dataset(tmp_path, ["a.jpg"], ["train"], cocoids=[5])
     rng = np.random.default_rng(2)
-    boxes, feats = _regions(rng, 3, 8)
-    _write_tsv(tmp_path / "dup.tsv", [(5, 10, 10, boxes, feats), (5, 10, 10, boxes, feats)])
+    boxes, feats = random_regions(rng, 3, 8)
+    write_butd_tsv(tmp_path / "dup.tsv", [(5, 10, 10, boxes, feats), (5, 10, 10, boxes, feats)])
     with pytest.raises(UserError, match=r"dup.tsv:2: image_id 5 already at .*dup.tsv:1"):
         ButdTsv(tmp_path / "dup.tsv")
     (tmp_path / "short.tsv").write_text("5\t10\t10\n")
@@ -339,7 +308,7 @@ def test_butd_tsv_bad_input_names_the_line(tmp_path):
 
 def test_scan_precomp_memory_mapped_in_split_order(tmp_path):
     splits = ["train", "test", "train", "test", "val", "test"]
-    data = _dataset(tmp_path, [f"{i}.jpg" for i in range(6)], splits)
+    data = annotated_dataset(tmp_path, [f"{i}.jpg" for i in range(6)], splits)
     x = np.random.default_rng(3).standard_normal((3, 36, 32)).astype(np.float32)
     np.save(tmp_path / "test_ims.npy", x)
     source = read_scan_precomp(tmp_path / "test_ims.npy", data, "test")
@@ -362,7 +331,7 @@ def test_scan_precomp_memory_mapped_in_split_order(tmp_path):
 
 
 def test_scan_precomp_matched_by_ids(tmp_path):
-    data = _dataset(tmp_path, [f"{i}.jpg" for i in range(4)], ["test"] * 3 + ["train"],
+    data = annotated_dataset(tmp_path, [f"{i}.jpg" for i in range(4)], ["test"] * 3 + ["train"],
                     cocoids=[11, 12, 13, 14])
     x = np.random.default_rng(4).standard_normal((3, 2, 4)).astype(np.float32)
     np.save(tmp_path / "test_ims.npy", x)
@@ -388,7 +357,7 @@ def test_image_keys():
 
 
 def test_duplicate_dataset_keys_are_an_error(tmp_path):
-    data = _dataset(tmp_path, ["1.jpg", "001.jpg"], ["train", "test"])
+    data = annotated_dataset(tmp_path, ["1.jpg", "001.jpg"], ["train", "test"])
     with pytest.raises(UserError, match="share the id '1'"):
         dataset_keys(data)
 

@@ -16,9 +16,13 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from helpers import make_image_dataset
-from test_features_cli import kill_after_first_block
-from test_features_regions import _dataset, _regions, _write_tsv
+from helpers import (
+    annotated_dataset,
+    kill_after_first_block,
+    make_image_dataset,
+    random_regions,
+    write_butd_tsv,
+)
 
 from features.cli import main
 from features.images import load_image
@@ -114,7 +118,7 @@ def test_damaged_region_chunks_are_reported_and_recomputed(grid_store, data, tmp
 
 
 def test_region_writers_take_the_lock(grid_store, data, tmp_path, capsys):
-    from test_features_integrity import hold_lock
+    from helpers import hold_lock
 
     np.save(tmp_path / "x.npy", np.ones((len(PreparedDataset.load(data).image_rows("test")), 4, 8),
                                         np.float32))
@@ -184,7 +188,8 @@ def test_fasterrcnn_adaptive_boxes_store_and_verify_finds_bad_counts(coco_sample
 
 def test_scan_precomp_import_missing_nonfinite_padding_and_export_round_trip(tmp_path, capsys):
     splits = ["train", "test", "train", "val", "test", "train"]
-    data = _dataset(tmp_path, [f"{i}.jpg" for i in range(6)], splits, cocoids=[10, 11, 12, 13, 14, 15])
+    data = annotated_dataset(tmp_path, [f"{i}.jpg" for i in range(6)], splits,
+                             cocoids=[10, 11, 12, 13, 14, 15])
     rng = np.random.default_rng(0)
     train = rng.standard_normal((3, 5, 8)).astype(np.float32)
     train[1, 3:] = 0  # an image with 3 real regions, zero padding after them
@@ -229,11 +234,11 @@ def test_scan_precomp_import_missing_nonfinite_padding_and_export_round_trip(tmp
 
 def test_butd_tsv_import_boxes_counts_missing_and_extra(tmp_path, capsys):
     names = [f"COCO_val2014_{i:012d}.jpg" for i in (391895, 522418, 184613, 318219)]
-    data = _dataset(tmp_path, names, ["train", "train", "val", "test"])
+    data = annotated_dataset(tmp_path, names, ["train", "train", "val", "test"])
     rng = np.random.default_rng(3)
-    regions = {cid: _regions(rng, n, 16) for cid, n in ((391895, 10), (184613, 7), (318219, 4), (9, 3))}
-    _write_tsv(tmp_path / "a.tsv.0", [(cid, 640, 480, *regions[cid]) for cid in (318219, 391895)])
-    _write_tsv(tmp_path / "a.tsv.1", [(cid, 640, 480, *regions[cid]) for cid in (184613, 9)],
+    regions = {cid: random_regions(rng, n, 16) for cid, n in ((391895, 10), (184613, 7), (318219, 4), (9, 3))}
+    write_butd_tsv(tmp_path / "a.tsv.0", [(cid, 640, 480, *regions[cid]) for cid in (318219, 391895)])
+    write_butd_tsv(tmp_path / "a.tsv.1", [(cid, 640, 480, *regions[cid]) for cid in (184613, 9)],
                python3_bytes=True)
     out = tmp_path / "t.zarr"
     assert main(["import", "--format", "butd-tsv", "--tsv", str(tmp_path / "a.tsv.0"), "--tsv",

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import make_image_dataset
+from helpers import BASE, make_image_dataset
 from PIL import Image
-from test_features_cli import BASE
 
 from features.cli import main
 from features.images import ImageError, load_image

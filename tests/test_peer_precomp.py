@@ -15,8 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import make_prepared, make_store
-from test_features_regions import _dataset, _regions, _write_tsv
+from helpers import annotated_dataset, make_prepared, make_store, random_regions, write_butd_tsv
 
 from features.cli import main
 from prep.dataset import PreparedDataset
@@ -77,10 +76,10 @@ def test_with_a_policy_every_caption_meets_its_image_under_scans_rules(ragged, t
 
 def test_padded_region_rows_come_with_their_counts(tmp_path, capsys) -> None:
     names = [f"COCO_val2014_{i:012d}.jpg" for i in (391895, 522418, 184613)]
-    data = _dataset(tmp_path, names, ["train", "train", "train"])
+    data = annotated_dataset(tmp_path, names, ["train", "train", "train"])
     rng = np.random.default_rng(1)
-    regions = {cid: _regions(rng, n, 8) for cid, n in ((391895, 6), (522418, 2), (184613, 4))}
-    _write_tsv(tmp_path / "r.tsv", [(cid, 640, 480, *regions[cid]) for cid in regions])
+    regions = {cid: random_regions(rng, n, 8) for cid, n in ((391895, 6), (522418, 2), (184613, 4))}
+    write_butd_tsv(tmp_path / "r.tsv", [(cid, 640, 480, *regions[cid]) for cid in regions])
     store = tmp_path / "r.zarr"
     assert main(["import", "--format", "butd-tsv", "--tsv", str(tmp_path / "r.tsv"), "--data",
                  str(data.root), "--out", str(store)]) == 0
@@ -122,10 +121,10 @@ def test_a_region_store_round_trips_through_butd_tsv_bit_for_bit(tmp_path, capsy
     from features.store import FeatureStore
 
     names = [f"COCO_val2014_{i:012d}.jpg" for i in (391895, 522418, 184613, 318219)]
-    data = _dataset(tmp_path, names, ["train", "train", "val", "test"])
+    data = annotated_dataset(tmp_path, names, ["train", "train", "val", "test"])
     rng = np.random.default_rng(5)
-    regions = {cid: _regions(rng, n, 8) for cid, n in ((391895, 6), (522418, 2), (184613, 4))}
-    _write_tsv(tmp_path / "in.tsv", [(cid, 640 + n, 480 - n, *regions[cid])
+    regions = {cid: random_regions(rng, n, 8) for cid, n in ((391895, 6), (522418, 2), (184613, 4))}
+    write_butd_tsv(tmp_path / "in.tsv", [(cid, 640 + n, 480 - n, *regions[cid])
                                      for n, cid in enumerate(regions)])  # 318219 missing: invalid
     store = tmp_path / "a.zarr"
     assert main(["import", "--format", "butd-tsv", "--tsv", str(tmp_path / "in.tsv"), "--data",

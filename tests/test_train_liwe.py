@@ -15,6 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import (
+    REGION_DIM,
+    REGION_K,
+    make_region_store,
+)
 from test_trainer import assert_same_weights, metrics_without_timings, train_cli
 
 from pipelines.schema import load_pipelines
@@ -27,42 +32,13 @@ from train.retrieval.open import load_run
 from train.run.checkpoint import load_checkpoint
 from vsecore.errors import UserError
 
-K, DIM = 6, 16
+K, DIM = REGION_K, REGION_DIM
 TINY = ["--d", "16", "--batch-size", "16", "--seed", "1", "--device", "cpu", "--val-images", "6"]
 LIWE = ["--layers", "8,8", "--word-length", "8"]
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def make_region_store(path: Path, dataset: Path, with_counts: bool = True, seed: int = 0) -> Path:
-    """A complete ``regions`` store ``(N, K, DIM)`` (and ``counts``) for a prepared dataset, written with
-    the real store writer: region ``j`` is the vector of the ``j``-th word (> 2 letters) of the image's
-    first English caption; rows after ``counts`` are zero padding."""
-    from features.store import FeatureStore
-
-    data = json.loads((dataset / "dataset.json").read_text())
-    rng = np.random.default_rng(seed)
-    vectors: dict[str, np.ndarray] = {}
-    n = len(data["images"])
-    x = np.zeros((n, K, DIM), np.float32)
-    counts = np.full(n, K, np.int32)
-    for im in data["images"]:
-        tokens = next(s["tokens"] for s in im["sentences"] if s["lang"] == "en")
-        words = [w for w in tokens if len(w) > 2][:K]
-        for j, w in enumerate(words):
-            x[im["imgid"], j] = vectors.setdefault(w, rng.normal(0, 1, DIM).astype(np.float32))
-            x[im["imgid"], j] += rng.normal(0, 0.1, DIM).astype(np.float32)
-        if with_counts:
-            counts[im["imgid"]] = max(1, len(words))
-    store = FeatureStore.create(path, np.arange(n), {}, block_size=n, config={"test": True},
-                                provenance={"network": "synthetic regions"})
-    store.group.create_array("regions", shape=(n, K, DIM), chunks=(n, K, DIM), dtype="float32",
-                             fill_value=0.0)[:] = x
-    if with_counts:
-        store.group.create_array("counts", shape=(n,), chunks=(n,), dtype="int32", fill_value=0)[:] = counts
-    store.write_block(0, {}, np.ones(n, dtype=bool), [])
-    store.set_attrs(complete=True)
-    return path
 
 
 @pytest.fixture(scope="module")
