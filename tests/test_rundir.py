@@ -387,6 +387,9 @@ def test_a_full_disk_during_training_is_one_line_with_what_was_kept(data, tmp_pa
 
     prepared, features = data
     real, calls = trainer.save_checkpoint, []
+    # scripted validation: every epoch improves, so epoch 2 writes best.pt before last.pt on every CPU
+    # (with real scores, an epoch 2 that does not improve on some kernels writes only last.pt)
+    monkeypatch.setattr(trainer.Trainer, "validate", lambda self: (10.0 * (self.epoch + 1), {}))
 
     def save(path: Path, state: dict) -> None:
         calls.append(path)
@@ -398,8 +401,9 @@ def test_a_full_disk_during_training_is_one_line_with_what_was_kept(data, tmp_pa
     run = tmp_path / "run"
     code = train(["chain", "--data", prepared, "--features", features, *TINY, "--epochs", "3",
                   "--checkpoint-every", "1000", "--out", run])
-    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the validation's warnings
+    err = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2
+    assert [p.name for p in calls] == ["best.pt", "last.pt", "best.pt"]
     assert err == (f"train: error: {calls[-1]}: no space left on the device: free space there (or write "
                    "elsewhere) and run again (epoch 1 kept: re-run with --resume)")
     monkeypatch.setattr(trainer, "save_checkpoint", real)

@@ -16,7 +16,7 @@ from helpers import make_prepared, make_store
 from test_trainer import assert_same_weights, metrics_without_timings, train_cli
 
 from prep.dataset import PreparedDataset
-from train.engine.objectives import CurriculumObjective
+from train.engine.objectives import ContrastiveObjective, CurriculumObjective
 from train.models.family import build_objective, model_spec, train_settings, with_family_defaults
 from train.retrieval import fit
 from train.run.checkpoint import load_checkpoint
@@ -109,8 +109,19 @@ def test_family_defaults_resolve_seam_and_the_vse_presets() -> None:
     assert (spec.text_encoder, spec.text_projection, spec.absolute) == ("uvs_gru", False, True)
 
 
-def test_train_seam_step_schedule_and_penalty(data, tmp_path) -> None:
+def test_train_seam_step_schedule_and_penalty(data, tmp_path, monkeypatch) -> None:
     prepared, features = data
+    # each training step's loss and the model's penalty in it (the objective's own numbers)
+    steps: list[tuple[float, float | None]] = []
+    real_call = ContrastiveObjective.__call__
+
+    def spy(self, model, batch, step, autocast):
+        loss = real_call(self, model, batch, step, autocast)
+        penalty = model.penalty()
+        steps.append((float(loss.detach()), None if penalty is None else float(penalty.detach())))
+        return loss
+
+    monkeypatch.setattr(ContrastiveObjective, "__call__", spy)
     args = ["seam", "--data", str(prepared), "--features", features, "--variant", "C", *SEAM_SMALL,
             "--epochs", "3", "--lr-step", "2"]
     run = tmp_path / "seam"
@@ -126,10 +137,17 @@ def test_train_seam_step_schedule_and_penalty(data, tmp_path) -> None:
     assert recs[0]["captions"] == config["data"]["train"]["captions"]
     state = load_checkpoint(run / "checkpoints" / "last.pt")["model"]
     assert any(k.startswith("text_encoder.convs.") for k in state) and "text_projection.bias" in state
-    # the penalty is part of the loss: lambda = 0 trains other weights from the same seed
+    # the penalty is part of the loss. Compared on the first step, where both runs hold the same weights
+    # (same seed) and the same batch, so that the ranking part is the same float: with lambda = 0.5 the loss
+    # is that plus a positive penalty, with lambda = 0 nothing is added. (Epoch means would compare two
+    # trajectories, which the CPU's kernels decide.)
+    penalised = steps[0]
+    steps.clear()
     plain = tmp_path / "plain"
     assert train_cli([*args, "--epochs", "1", "--out", str(plain)]) == 0
-    assert records(plain)[0]["loss"] < recs[0]["loss"]
+    unpenalised = steps[0]
+    assert unpenalised[1] is None and penalised[1] > 0
+    assert penalised[0] == pytest.approx(unpenalised[0] + penalised[1], rel=1e-6)
     assert json.loads((run / "eval" / "test.json").read_text())["protocols"]["all"]["rsum"] > 0
 
 
