@@ -57,12 +57,15 @@ def test_demo_pipeline_small(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         assert f"[pipeline small-demo] {stage}: running" in out
 
     result = json.loads((tmp_path / "run" / "eval" / "test_best.json").read_text())["all"]
+    # A statistical check: the CPU's kernels decide the trajectory, so the bounds sit far below what every
+    # kernel set of `make test-kernels` (and the demo's pinned set) gave after 3 epochs: R@1 70.0 to 83.3,
+    # R@10 96.7 to 100, epoch 3's loss 0.07 to 0.08 of epoch 1's (docs/reproducibility.md).
     # 30 test images x 5 captions: chance R@1 is 1/30 (t2i) and 5/150 (i2t), R@10 about 1/3
     assert result["t2i"]["r1"] > 4 * 100 / 30, result
     assert result["i2t"]["r1"] > 4 * 100 / 30, result
     assert result["t2i"]["r10"] > 80.0 and result["i2t"]["r10"] > 80.0, result
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert len(metrics) == 3 and metrics[-1]["loss"] < metrics[0]["loss"]
+    assert len(metrics) == 3 and metrics[-1]["loss"] < 0.5 * metrics[0]["loss"], metrics
 
     out = _run(path, capsys)
     assert out.count(": up to date") == 4, out
