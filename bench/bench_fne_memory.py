@@ -92,7 +92,8 @@ def make_dataset(root: Path, images: int, seed: int = 0) -> Path:
 
 def make_fne_store(path: Path, images: int, width: int, block: int = 1000, seed: int = 0) -> Path:
     """A complete store whose ``fne/ternary`` is a random int8 array in {-1, 0, 1}, written by blocks."""
-    from features.store import ARRAY_CONFIG, COLUMN_CHUNK, FeatureStore
+    from features.store import FeatureStore
+    from features.store_layout import ARRAY_CONFIG, COLUMN_CHUNK
 
     store = FeatureStore.create(path, np.arange(images), {}, block_size=block, config={"bench": True},
                                 provenance={"network": "synthetic FNE"})

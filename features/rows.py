@@ -14,7 +14,7 @@ nothing else. Each read
 - names a damaged chunk in one line (:class:`features.store.StoreArray`).
 
 Region stores are written one shard per block with one inner chunk per row
-(:data:`features.store.SHARD_ROW_BYTES`), so a random row costs one small read; a store with one chunk
+(:data:`features.store_layout.SHARD_ROW_BYTES`), so a random row costs one small read; a store with one chunk
 per block (written before that, or small rows) is read a whole chunk per touched block, correct but slow.
 The object pickles (by path), so a ``DataLoader``'s worker processes reopen the store themselves.
 """

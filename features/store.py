@@ -55,6 +55,18 @@ from typing import Any
 import numpy as np
 import zarr
 
+from features.store_layout import (
+    ARRAY_CONFIG,
+    MAX_GROUP_METADATA_BYTES,
+    RowShape,
+    check_store_layout,
+    fill_value,
+    regular_file,
+    row_layout,
+    row_shape,
+    rows_per_file,
+    shape_attr,
+)
 from vsecore.errors import UserError
 from vsecore.io import atomic_directory
 from vsecore.version import code_version
@@ -63,18 +75,10 @@ from vsecore.version import code_version
 STORE_FORMAT = 1
 #: marker attribute: a folder without it is never deleted by ``--overwrite``
 MARKER = "vse_feature_store"
-#: columns per chunk of wide (FNE) arrays: statistics read column slices without reading all rows
-COLUMN_CHUNK = 2048
 ROW_ARRAYS = ("global", "fne/raw", "fne/ternary")
 #: the ternary FNE array, and the names it takes while ``--rethreshold`` replaces it (see
 #: :meth:`FeatureStore.replace_ternary`)
 TERNARY, TERNARY_NEW, TERNARY_OLD = "fne/ternary", "fne/ternary_new", "fne/ternary_old"
-#: Zarr does not write a chunk equal to the fill value by default; the store writes every chunk, so
-#: that a finished block's chunk file is never legitimately absent (``features verify``, resume)
-ARRAY_CONFIG = {"write_empty_chunks": True}
-#: rows of at least this many bytes (region features: 49 x 1280 float16 is 125 KB, 36 x 2048 float32 288 KB)
-#: are stored one inner chunk per row inside one shard per block; smaller rows one chunk per block
-SHARD_ROW_BYTES = 32 * 1024
 
 
 def _jsonable(obj: Any) -> Any:
@@ -184,14 +188,18 @@ class FeatureStore:
     def __init__(self, path: str | os.PathLike, mode: str = "r") -> None:
         self.path = Path(path)
         self._rewriting = False
-        if not (self.path / "zarr.json").is_file():
+        if not os.path.lexists(self.path / "zarr.json"):
             raise UserError(f"{self.path}: not a feature store (no zarr.json; run `features cnn|fne` first)")
+        regular_file(self.path / "zarr.json", MAX_GROUP_METADATA_BYTES, "the store's metadata")
         try:
             self.group = zarr.open_group(str(self.path), mode=mode, zarr_format=3)
         except Exception as exc:  # zarr raises several types for a damaged group
             raise UserError(f"{self.path}: cannot open the feature store: {exc}") from None
         if MARKER not in self.group.attrs:
             raise UserError(f"{self.path}: a Zarr group, but not a feature store written by `features`")
+        # a store comes from anywhere: its record is checked before any row is read (readers also
+        # check every chunk file; a writer makes its own)
+        check_store_layout(self.path, self.group, chunk_files=mode == "r")
 
     # -- creation ----------------------------------------------------------------------------------
     @classmethod
@@ -227,8 +235,8 @@ class FeatureStore:
             kinds = {name: np.dtype((dtypes or {}).get(name, "float32")) for name in outputs}
             for name, spec in outputs.items():
                 shape = row_shape(spec)
-                g.create_array(name, shape=(n, *shape), dtype=kinds[name], fill_value=_fill(kinds[name]),
-                               **_row_layout(name, shape, kinds[name], block_size))
+                g.create_array(name, shape=(n, *shape), dtype=kinds[name], fill_value=fill_value(kinds[name]),
+                               **row_layout(name, shape, kinds[name], block_size))
             g.attrs.update({
                 MARKER: STORE_FORMAT,
                 "config": _jsonable(dict(config)),
@@ -236,7 +244,7 @@ class FeatureStore:
                 "code_version": code_version(),
                 "block_size": int(block_size),
                 "n_blocks": n_blocks,
-                "outputs": {k: _shape_attr(v) for k, v in outputs.items()},
+                "outputs": {k: shape_attr(v) for k, v in outputs.items()},
                 "dtypes": {k: v.name for k, v in kinds.items()},
                 "complete": False,
                 "generation": uuid.uuid4().hex,
@@ -449,7 +457,7 @@ class FeatureStore:
         """``(rows, *row_shape)`` in the dtype of array ``name``, filled as failed rows are: NaN, or 0
         for integer arrays (``counts``, ``image_size``)."""
         arr = self.array(name)
-        return np.full((rows, *arr.shape[1:]), _fill(np.dtype(arr.dtype)), dtype=arr.dtype)
+        return np.full((rows, *arr.shape[1:]), fill_value(np.dtype(arr.dtype)), dtype=arr.dtype)
 
     def block_failures(self) -> list[dict[str, Any]]:
         """Failed images of every block, in row order."""
@@ -534,47 +542,6 @@ class FeatureStore:
         if not done.all() or not self.group.attrs.get("complete", False):
             raise UserError(f"{self.path}: the store is incomplete ({int(done.sum())}/{done.size} blocks "
                             "done); run the same `features` command again to finish it")
-
-
-#: an output's row: a width ``C`` (rows ``(C,)``) or a shape (``(k, D)``, ``()``)
-RowShape = int | tuple[int, ...] | list[int]
-
-
-def row_shape(spec: RowShape) -> tuple[int, ...]:
-    """The shape of one row of an output: a width ``C`` -> ``(C,)``, a shape -> itself."""
-    if isinstance(spec, (int, np.integer)):
-        return (int(spec),)
-    return tuple(int(v) for v in spec)
-
-
-def _shape_attr(spec: RowShape) -> int | list[int]:
-    """How the ``outputs`` attribute records a row: widths as ints (as always), shapes as lists."""
-    return int(spec) if isinstance(spec, (int, np.integer)) else [int(v) for v in spec]
-
-
-def _fill(dtype: np.dtype) -> float | int:
-    return np.nan if dtype.kind == "f" else 0
-
-
-def _row_layout(name: str, shape: tuple[int, ...], dtype: np.dtype, block_size: int) -> dict[str, Any]:
-    """``chunks`` (and ``shards``) of a row array: one chunk per block, or for rows of at least
-    :data:`SHARD_ROW_BYTES` one shard per block holding one chunk per row (decided by size only)."""
-    row = _row_chunks(name, shape)
-    if row == shape and int(np.prod(shape, dtype=np.int64)) * dtype.itemsize >= SHARD_ROW_BYTES:
-        return {"chunks": (1, *shape), "shards": (block_size, *shape)}
-    return {"chunks": (block_size, *row)}
-
-
-def rows_per_file(array: zarr.Array) -> int:
-    """Rows held by one chunk file of a row array: the shard's rows for a sharded array, else the chunk's."""
-    return int((array.shards or array.chunks)[0])
-
-
-def _row_chunks(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Chunks of a row: whole, except the columns of wide FNE arrays (:data:`COLUMN_CHUNK`)."""
-    if name.startswith("fne/") and len(shape) == 1:
-        return (int(min(shape[0], COLUMN_CHUNK)),)
-    return shape
 
 
 def _check_replaceable(path: Path) -> None:

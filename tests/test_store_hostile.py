@@ -1,0 +1,164 @@
+"""A feature store received from someone else: its record is checked before any read (issue 30.3).
+
+One table: a corruption of a small store -> `features verify STORE` and a reader (`features export`)
+exit 2 with one line naming the file and the field, in a subprocess capped at 1.5 GiB of address space
+beyond the interpreter's and 60 s. Each case was a traceback, a hang, gigabytes or a silent wrong
+result before the layout check (features.store_layout).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from features.store import FeatureStore
+
+ROWS, WIDTH, BLOCK = 116, 16, 32
+#: the subprocess's address-space cap: torch/zarr import takes about 1 GiB of virtual memory
+MEMORY_CAP = 3 << 30
+TIME_CAP = 60
+
+
+def make_store(path: Path) -> Path:
+    """A complete 116 x 16 float32 `global` store, one failed image, blocks of 32 rows."""
+    imgids = np.arange(ROWS)
+    store = FeatureStore.create(path, imgids, {"global": WIDTH}, BLOCK, config={"kind": "cnn"},
+                                provenance={"images_sha256": "0" * 64})
+    rng = np.random.default_rng(0)
+    for block in range(store.n_blocks):
+        start, stop = store.block_rows(block)
+        rows = rng.standard_normal((stop - start, WIDTH)).astype(np.float32)
+        valid = np.ones(stop - start, bool)
+        failures = []
+        if block == 1:
+            valid[0], rows[0] = False, np.nan
+            failures = [{"imgid": start, "reason": "cannot decode"}]
+        store.write_block(block, {"global": rows}, valid, failures)
+    store.set_attrs(complete=True, failures=[{"imgid": BLOCK, "reason": "cannot decode"}])
+    return path
+
+
+def edit_json(path: Path, change: Callable[[dict], None]) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def set_attr(key: str, value) -> Callable[[Path], None]:
+    return lambda s: edit_json(s / "zarr.json", lambda d: d["attributes"].__setitem__(key, value))
+
+
+def set_meta(array: str, key: str, value) -> Callable[[Path], None]:
+    return lambda s: edit_json(s / array / "zarr.json", lambda d: d.__setitem__(key, value))
+
+
+def gzip_bomb(store: Path) -> None:
+    """The first chunk re-encoded with gzip (3 MB that inflates to 3 GB), the array's codec set to gzip."""
+    import gzip
+
+    edit_json(store / "global" / "zarr.json", lambda d: d.__setitem__(
+        "codecs", [{"name": "bytes", "configuration": {"endian": "little"}},
+                   {"name": "gzip", "configuration": {"level": 9}}]))
+    with gzip.open(store / "global" / "c" / "0" / "0", "wb", compresslevel=1) as f:
+        block = bytes(1 << 24)
+        for _ in range(3 * 64):  # 3 GiB of zeros
+            f.write(block)
+
+
+def fifo_chunk(store: Path) -> None:
+    chunk = store / "global" / "c" / "1" / "0"
+    chunk.unlink()
+    os.mkfifo(chunk)
+
+
+def zero_chunk(store: Path) -> None:
+    chunk = store / "global" / "c" / "2" / "0"
+    chunk.unlink()
+    chunk.symlink_to("/dev/zero")
+
+
+def zero_metadata(store: Path) -> None:
+    (store / "zarr.json").rename(store / "zarr.json.real")
+    (store / "zarr.json").symlink_to("/dev/zero")
+
+
+def fifo_array_metadata(store: Path) -> None:
+    meta = store / "valid" / "zarr.json"
+    meta.unlink()
+    os.mkfifo(meta)
+
+
+#: (case, corruption, what the one-line error must name)
+CASES = [
+    ("dtype float32 -> int32", set_meta("global", "data_type", "int32"), "global/zarr.json: data_type"),
+    ("failures with a string imgid", set_attr("failures", [{"imgid": "x"}]), "failures"),
+    ("global shape [200, 16] on 116 rows", set_meta("global", "shape", [200, 16]), "global/zarr.json: shape"),
+    ("global shape [116, 1e12]", set_meta("global", "shape", [ROWS, 10**12]), "global/zarr.json: shape"),
+    ("valid shape [1e10]", set_meta("valid", "shape", [10**10]), "valid/zarr.json: shape"),
+    ("valid shape [116, 1e7]", set_meta("valid", "shape", [ROWS, 10**7]), "valid/zarr.json"),
+    ("blocks_done shape [1e9]", set_meta("blocks_done", "shape", [10**9]), "blocks_done/zarr.json: shape"),
+    ("block_size 0", set_attr("block_size", 0), "block_size"),
+    ("block_size 'x'", set_attr("block_size", "x"), "block_size"),
+    ("outputs with 1e9 columns", set_attr("outputs", {"global": 10**9}), "outputs.global"),
+    ("gzip chunk that inflates to 3 GB", gzip_bomb, "global/zarr.json: codecs"),
+    ("a chunk file that is a FIFO", fifo_chunk, "global/c/1/0: a chunk file is not a regular file"),
+    ("a chunk file linked to /dev/zero", zero_chunk, "global/c/2/0: a chunk file is not a regular file"),
+    ("the store's zarr.json linked to /dev/zero", zero_metadata, "zarr.json: the store's metadata"),
+    ("an array's zarr.json that is a FIFO", fifo_array_metadata, "valid/zarr.json: the array metadata"),
+    ("imgid shape [1e12]", set_meta("imgid", "shape", [10**12]), "imgid/zarr.json: shape[0]"),
+]
+
+
+def _limits() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=TIME_CAP,
+                          preexec_fn=_limits, env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """A prepared dataset of 116 images (the readers load it before the store)."""
+    out = tmp_path_factory.mktemp("data") / "data"
+    done = run("prep", "synthetic", "--num-images", str(ROWS), "--image-size", "32", "--out", str(out), "-q")
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    return make_store(tmp_path_factory.mktemp("pristine") / "feats.zarr")
+
+
+def test_the_pristine_store_reads(pristine: Path) -> None:
+    done = run("features", "verify", str(pristine))
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("case,corrupt,names", CASES, ids=[c[0] for c in CASES])
+def test_a_corrupted_store_record_is_one_line_before_any_read(data: Path, pristine: Path, tmp_path: Path,
+                                                              case: str, corrupt: Callable[[Path], None],
+                                                              names: str) -> None:
+    import shutil
+
+    store = tmp_path / "feats.zarr"
+    shutil.copytree(pristine, store, symlinks=True)
+    corrupt(store)
+    for command in (("features", "verify", str(store)),
+                    ("features", "export", "--store", str(store), "--data", str(data), "--format", "hdf5",
+                     "--out", str(tmp_path / "out.h5"))):
+        done = run(*command)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2, (case, command[1], done.returncode, done.stderr[-2000:])
+        assert len(lines) == 1 and lines[0].startswith("features: error: "), (case, done.stderr[-2000:])
+        assert names in lines[0], (case, lines[0])
