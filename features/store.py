@@ -61,14 +61,13 @@ from features.store_layout import (
     RowShape,
     check_store_layout,
     fill_value,
-    regular_file,
     row_layout,
     row_shape,
     rows_per_file,
     shape_attr,
 )
 from vsecore.errors import UserError
-from vsecore.io import atomic_directory
+from vsecore.io import atomic_directory, regular_file_size
 from vsecore.version import code_version
 
 #: version of the on-disk layout written into the store's attributes
@@ -190,7 +189,7 @@ class FeatureStore:
         self._rewriting = False
         if not os.path.lexists(self.path / "zarr.json"):
             raise UserError(f"{self.path}: not a feature store (no zarr.json; run `features cnn|fne` first)")
-        regular_file(self.path / "zarr.json", MAX_GROUP_METADATA_BYTES, "the store's metadata")
+        regular_file_size(self.path / "zarr.json", MAX_GROUP_METADATA_BYTES, "the store's metadata")
         try:
             self.group = zarr.open_group(str(self.path), mode=mode, zarr_format=3)
         except Exception as exc:  # zarr raises several types for a damaged group

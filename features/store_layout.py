@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from zarr.core.metadata.v3 import ArrayV3Metadata
 from zarr.storage import MemoryStore
 
 from vsecore.errors import UserError
+from vsecore.io import regular_file_size
 
 #: columns per chunk of wide (FNE) arrays: statistics read column slices without reading all rows
 COLUMN_CHUNK = 2048
@@ -91,21 +91,6 @@ def _row_chunks(name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 # --------------------------------------------------------------------------- the reader's check
-
-
-def regular_file(path: Path, most: int, what: str) -> int:
-    """The size of ``path``, or a one-line UserError unless it is a regular file (links followed) of at
-    most ``most`` bytes: a FIFO would block the reader, ``/dev/zero`` never end."""
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise UserError(f"{path}: {what} is not a regular file (a FIFO, device or folder); refusing to "
-                        "read it")
-    if st.st_size > most:
-        raise UserError(f"{path}: {what} is {st.st_size:,} bytes, more than the {most:,} it can be")
-    return st.st_size
 
 
 def _integer(value: Any, low: int, high: int, where: str) -> int:
@@ -211,7 +196,7 @@ def _check_chunk_files(folder: Path, args: Mapping[str, Any]) -> None:
         return
     for root, dirs, files in os.walk(chunks):
         for name in files + [d for d in dirs if (Path(root) / d).is_symlink()]:
-            regular_file(Path(root) / name, most, "a chunk file")
+            regular_file_size(Path(root) / name, most, "a chunk file")
 
 
 def check_store_layout(path: Path, group: zarr.Group, chunk_files: bool = True) -> None:
@@ -226,7 +211,7 @@ def check_store_layout(path: Path, group: zarr.Group, chunk_files: bool = True) 
     attrs = dict(group.attrs)
     where = f"{path}/zarr.json"
     imgid = path / "imgid" / "zarr.json"
-    regular_file(imgid, MAX_ARRAY_METADATA_BYTES, "the array metadata")
+    regular_file_size(imgid, MAX_ARRAY_METADATA_BYTES, "the array metadata")
     try:
         shape = json.loads(imgid.read_text(encoding="utf-8")).get("shape")
     except (OSError, ValueError, AttributeError) as exc:
@@ -240,7 +225,7 @@ def check_store_layout(path: Path, group: zarr.Group, chunk_files: bool = True) 
             if name in ("imgid", "valid", "blocks_done", "failures") or name in attrs.get("outputs", {}):
                 raise UserError(f"{path}: array '{name}' is missing (no {name}/zarr.json)")
             continue
-        regular_file(meta, MAX_ARRAY_METADATA_BYTES, "the array metadata")
+        regular_file_size(meta, MAX_ARRAY_METADATA_BYTES, "the array metadata")
         wanted = _reference(args)
         try:
             record = json.loads(meta.read_text(encoding="utf-8"))

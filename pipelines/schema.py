@@ -226,6 +226,10 @@ def _format_error(exc: ValidationError, file: Path, name: str) -> str:
     return f"{file}: pipeline '{name}': {loc}: {what}{more}"
 
 
+#: the largest pipelines file read (the project's own is 22 KB)
+MAX_PIPELINES_BYTES = 16 << 20
+
+
 def load_pipelines(file: str | os.PathLike | None = None, expand: str | None = None) -> dict[str, Pipeline]:
     """Read and validate every pipeline of ``file`` (see :func:`default_pipelines_file`).
 
@@ -233,11 +237,14 @@ def load_pipelines(file: str | os.PathLike | None = None, expand: str | None = N
     pipeline named by ``expand`` (the one about to run): elsewhere ``${VAR}`` is left as written.
     """
     path = Path(file) if file is not None else default_pipelines_file()
-    text = read_text(path, "a pipelines YAML file", missing=f"{path}: no such pipelines file")
+    text = read_text(path, "a pipelines YAML file", missing=f"{path}: no such pipelines file",
+                     most=MAX_PIPELINES_BYTES)
     try:
         raw = yaml.safe_load(text)
     except RecursionError:
         raise UserError(f"{path}: YAML nested too deeply to read; not a pipelines file") from None
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts (4,300)
+        raise UserError(f"{path}: a value cannot be read: {' '.join(str(exc).split())[:120]}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -203,24 +204,66 @@ def remove_stale_siblings(final: str | os.PathLike) -> list[Path]:
     return removed
 
 
-def read_text(path: str | os.PathLike, expected: str = "a text file", missing: str | None = None) -> str:
-    """The UTF-8 text of the file ``path``, or a one-line :class:`UserError`: ``missing`` (default ``PATH: no
-    such file``) when it does not exist, ``PATH: is a folder, expected EXPECTED``, ``PATH: not UTF-8 text
-    (REASON at byte N)``, or ``PATH: not readable (ERROR)``. The one reader of every command's text inputs
-    (pipelines files, annotation JSON, a run's configuration), so they fail alike."""
+#: the largest text input read whole: a dataset's annotation JSON (COCO's captions_train2014.json is 80 MB,
+#: Karpathy's dataset_coco.json 140 MB); smaller bounds where a file is small by nature (configurations)
+MAX_TEXT_BYTES = 1 << 30
+
+
+def regular_file_size(path: str | os.PathLike, most: int, what: str) -> int:
+    """The size of ``path``, or a one-line UserError unless it is a regular file (links followed) of at
+    most ``most`` bytes: a FIFO would block the reader, ``/dev/zero`` never end, a huge file fill memory."""
     from vsecore.errors import UserError
 
     try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read()
+        st = os.stat(path)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+    _check_regular(path, st, most, what)
+    return st.st_size
+
+
+def _check_regular(path: str | os.PathLike, st: os.stat_result, most: int, what: str) -> None:
+    from vsecore.errors import UserError
+
+    if stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{path}: is a folder, expected {what}")
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{path}: {what} is not a regular file (a FIFO, device or socket); refusing to "
+                        "read it")
+    if st.st_size > most:
+        raise UserError(f"{path}: {what} is {st.st_size:,} bytes, more than the {most:,} it may have")
+
+
+def read_text(path: str | os.PathLike, expected: str = "a text file", missing: str | None = None,
+              most: int = MAX_TEXT_BYTES) -> str:
+    """The UTF-8 text of the file ``path``, or a one-line :class:`UserError`: ``missing`` (default ``PATH: no
+    such file``) when it does not exist, ``PATH: is a folder, expected EXPECTED``, not a regular file (a
+    FIFO, a device such as ``/dev/zero``: refused without reading), more than ``most`` bytes, ``PATH: not
+    UTF-8 text (REASON at byte N)``, or ``PATH: not readable (ERROR)``. The one reader of every command's
+    text inputs (pipelines files, annotation JSON, a run's configuration), so they fail alike."""
+    from vsecore.errors import UserError
+
+    try:
+        # O_NONBLOCK: opening a FIFO does not wait for a writer; fstat then refuses it
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise UserError(missing or f"{path}: no such file") from None
     except IsADirectoryError:
         raise UserError(f"{path}: is a folder, expected {expected}") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except OSError as exc:
         raise UserError(f"{path}: not readable ({exc.strerror or type(exc).__name__})") from None
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            _check_regular(path, os.fstat(fd), most, expected)
+            data = fh.read(most + 1)
+    except OSError as exc:
+        raise UserError(f"{path}: not readable ({exc.strerror or type(exc).__name__})") from None
+    if len(data) > most:  # grew since the check
+        raise UserError(f"{path}: {expected} is more than the {most:,} bytes it may have")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from vsecore.errors import UserError
-from vsecore.io import read_text
+from vsecore.io import MAX_TEXT_BYTES, read_text, regular_file_size
 
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 #: the JSON escape of a surrogate code point (``\ud83d`` ...); a file without one decodes to none
@@ -160,8 +160,9 @@ def need_file(path: str | os.PathLike | None, option: str) -> Path:
     if path is None:
         raise UserError(f"{option} is required")
     p = Path(path).expanduser()
-    if not p.is_file():
+    if not os.path.exists(p):
         raise UserError(f"{p}: no such file (given by {option})")
+    regular_file_size(p, MAX_TEXT_BYTES, f"the file given by {option}")
     return p
 
 
