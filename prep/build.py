@@ -78,29 +78,31 @@ def read_source(settings: PrepSection, work_dir: Path | None) -> RawDataset:
     return generate_synthetic(work_dir, s.num_images, s.image_size, s.captions_per_image, s.languages, s.seed)
 
 
-class _Cleaner:
-    """Normalizes caption texts, drops empty ones (counted) and tokenizes them, batched per language."""
+class TextCleaner:
+    """Normalizes texts (captions, or ``noun``: a classification dataset's texts), drops empty ones
+    (counted as ``empty_{noun}s``) and tokenizes captions, batched per language."""
 
-    def __init__(self, lowercase: bool) -> None:
-        self.lowercase = lowercase
+    def __init__(self, lowercase: bool, noun: str = "caption") -> None:
+        self.lowercase, self.noun = lowercase, noun
         self.dropped: Counter = Counter()
         self.dropped_first: list[str] = []
         self.repaired: Counter = Counter()
         self.repaired_first: list[str] = []
 
     def clean(self, text: Any, where: str) -> str | None:
-        """The caption as every stage sees it (:func:`prep.tokenize.normalize`), ``None`` when empty.
+        """The text as every stage sees it (:func:`prep.tokenize.normalize`), ``None`` when empty.
 
-        A lone surrogate (no valid Unicode text) is an error naming the caption; ANSI escape sequences
-        and control characters are removed and the caption counted as repaired
+        A lone surrogate (no valid Unicode text) is an error naming the text; ANSI escape sequences,
+        control characters and invisible format characters (bidirectional overrides, zero-width spaces:
+        :func:`prep.tokenize.strip_controls`) are removed and the text counted as repaired
         (``repaired.control_characters`` in ``prep.json``).
         """
         if not isinstance(text, str):
-            raise UserError(f"{where}: caption must be a string, got {type(text).__name__}")
-        if not text.isprintable():  # the rare caption with a control, a surrogate or a tab: look closer
+            raise UserError(f"{where}: {self.noun} must be a string, got {type(text).__name__}")
+        if not text.isprintable():  # the rare text with a control, a surrogate or a tab: look closer
             at = lone_surrogate(text)
             if at is not None:
-                raise UserError(f"{where}: caption holds a lone surrogate (U+{ord(text[at]):04X}) at "
+                raise UserError(f"{where}: {self.noun} holds a lone surrogate (U+{ord(text[at]):04X}) at "
                                 f"character {at}, which is not Unicode text; fix the source file")
             text, removed = strip_controls(text)
             if removed:
@@ -109,7 +111,7 @@ class _Cleaner:
                     self.repaired_first.append(where)
         text = normalize(text)
         if not text:
-            self.dropped["empty_captions"] += 1
+            self.dropped[f"empty_{self.noun}s"] += 1
             if len(self.dropped_first) < LIST_FIRST:
                 self.dropped_first.append(where)
             return None
@@ -181,7 +183,7 @@ def build_dataset(raw: RawDataset, settings: PrepSection) -> tuple[dict[str, Any
     Captions beyond :func:`caption_limit` (the first ones in the source's order that are not
     empty are kept) are dropped and counted as ``captions_beyond_K``.
     """
-    cleaner = _Cleaner(settings.lowercase)
+    cleaner = TextCleaner(settings.lowercase)
     limit = caption_limit(settings)
     seen_images: dict[str, str] = {}
     seen_sent: dict[tuple[str, Any], str] = {}
@@ -246,7 +248,7 @@ def build_dataset(raw: RawDataset, settings: PrepSection) -> tuple[dict[str, Any
 
 
 def _build_pairs(raw: RawDataset, images: list[dict[str, Any]], sentid_of: dict[int, dict[str, Any]],
-                 cleaner: _Cleaner, row_of: dict[str, int]) -> list[dict[str, Any]]:
+                 cleaner: TextCleaner, row_of: dict[str, int]) -> list[dict[str, Any]]:
     pending: list[tuple[int, dict[str, Any]]] = []
     texts: list[tuple[str, str]] = []
     slots: list[tuple[int, str]] = []

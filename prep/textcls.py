@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from prep import __version__
+from prep.build import TextCleaner
 from prep.dataset import (
     CHARS_FILE,
     DATASET_FILE,
@@ -47,7 +48,6 @@ from prep.dataset import (
 )
 from prep.settings import PrepSection
 from prep.sources.textcls import RawText, read_classes, read_generic, read_zhang_csv
-from prep.tokenize import normalize
 from prep.vocab import build_char_vocabulary, build_word_vocabulary
 from vsecore import console
 from vsecore.errors import UserError
@@ -183,16 +183,11 @@ def build_textcls(s: PrepSection) -> tuple[dict[str, Any], dict[str, Any], list[
     """``(dataset.json content, record parts, inputs)``: rows read, split, cleaned and tokenized."""
     rows, splits, labels, names, inputs = read_textcls(s)
     kept: list[tuple[RawText, str, str, str, int]] = []
-    dropped: Counter = Counter()
-    dropped_first: list[str] = []
+    cleaner = TextCleaner(s.lowercase, noun="text")  # as prep cleans captions
     for row, split, label in zip(rows, splits, labels, strict=True):
-        text = normalize(row.text)
-        if not text:
-            dropped["empty_texts"] += 1
-            if len(dropped_first) < 10:
-                dropped_first.append(row.where)
-            continue
-        kept.append((row, split, text, row.lang or s.lang, label))
+        text = cleaner.clean(row.text, row.where)
+        if text is not None:
+            kept.append((row, split, text, row.lang or s.lang, label))
     tokenized = _tokenize([k[2] for k in kept], [k[3] for k in kept], s.lowercase, [k[0].where for k in kept])
     items = []
     for n, ((row, split, _, lang, label), (text, toks)) in enumerate(zip(kept, tokenized, strict=True)):
@@ -201,7 +196,10 @@ def build_textcls(s: PrepSection) -> tuple[dict[str, Any], dict[str, Any], list[
     languages = sorted({it["lang"] for it in items})
     dataset = {"dataset": s.name or _default_name(inputs[0]), "task": TASK, "format_version": FORMAT_VERSION,
                "labels": names, "languages": languages, "items": items}
-    return dataset, {"dropped": dict(dropped), "dropped_first": dropped_first}, inputs
+    record = {"dropped": dict(cleaner.dropped), "dropped_first": cleaner.dropped_first}
+    if cleaner.repaired:
+        record.update(repaired=dict(cleaner.repaired), repaired_first=cleaner.repaired_first)
+    return dataset, record, inputs
 
 
 def _default_name(path: Path) -> str:

@@ -46,18 +46,26 @@ def _kakasi():
 #: :func:`normalize` turns into single spaces
 _CONTROLS = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]"
                        r"|[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f]")
+#: invisible format characters removed with the controls: the bidirectional embeddings, overrides and
+#: isolates (U+202A-U+202E, U+2066-U+2069: they reorder how a text is displayed, e.g. "Trojan Source"),
+#: the zero-width space, word joiner, byte-order mark and soft hyphen. The zero-width (non-)joiners stay:
+#: they change how Arabic and Indic scripts are written.
+_INVISIBLE = re.compile("[\u202a-\u202e\u2066-\u2069\u200b\u2060\ufeff\u00ad]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 def strip_controls(text: str) -> tuple[str, int]:
-    """``text`` without ANSI escape sequences and control characters, and how many were removed.
+    """``text`` without ANSI escape sequences, control characters and the invisible format characters
+    above (bidirectional overrides, zero-width spaces), and how many were removed.
 
     Captions are data, not terminal output: an escape sequence would recolour every terminal that
     prints the caption, and control characters become symbols of the character alphabet.
     """
-    if not _CONTROLS.search(text):
+    if not _CONTROLS.search(text) and not _INVISIBLE.search(text):
         return text, 0
-    return _CONTROLS.subn("", text)
+    text, controls = _CONTROLS.subn("", text)
+    text, invisible = _INVISIBLE.subn("", text)
+    return text, controls + invisible
 
 
 def lone_surrogate(text: str) -> int | None:

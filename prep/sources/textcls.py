@@ -17,15 +17,20 @@ Every error names the file and the line where the bad row starts, in one line.
 from __future__ import annotations
 
 import csv
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from vsecore.errors import UserError
+from vsecore.io import read_text, regular_file_size
 
-#: an AG News / DBPedia description can be long; the csv module's default field limit is 128 KiB (set
-#: only while a file is read: the limit is process-wide state other readers rely on)
-FIELD_SIZE_LIMIT = min(sys.maxsize, 2**31 - 1)
+#: the largest classification file read (streamed, never held whole: Amazon reviews' train.csv is 1.6 GB)
+MAX_STREAMED_BYTES = 1 << 40
+
+#: the longest field read, in characters: a classification text is a title, a description, a review
+#: (AG News and DBPedia fields are under 10 KB); a longer one is an error naming its line, before the
+#: reader holds it (a 51 MB field cost 4.5 GB). Set only while a file is read: the csv module's limit is
+#: process-wide state other readers rely on.
+FIELD_SIZE_LIMIT = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -46,12 +51,8 @@ def unescape_newlines(text: str) -> str:
 def read_classes(path: str | Path) -> list[str]:
     """The class names of ``classes.txt``, one per line (line k names class index k, 1-based)."""
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such classes file") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    text = read_text(path, "a classes file", missing=f"{path}: no such classes file", most=1 << 20)
+    lines = text.splitlines()
     names = [line.strip() for line in lines]
     while names and not names[-1]:
         names.pop()
@@ -77,10 +78,13 @@ def _next_row(reader) -> list[str]:
 
 def _rows(path: Path, delimiter: str):
     """``(first line number, row)`` of each record of a CSV file (a quoted field may span lines)."""
+    if not path.exists():
+        raise UserError(f"{path}: no such file")
+    regular_file_size(path, MAX_STREAMED_BYTES, "a text classification file")  # not a FIFO or device
     try:
         fh = open(path, encoding="utf-8", newline="")
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise UserError(f"{path}: not readable ({exc.strerror or type(exc).__name__})") from None
     with fh:
         reader = csv.reader(fh, delimiter=delimiter, quotechar='"', doublequote=True, strict=True)
         line = 1
@@ -90,6 +94,9 @@ def _rows(path: Path, delimiter: str):
             except StopIteration:
                 return
             except csv.Error as exc:
+                if "field limit" in str(exc):
+                    raise UserError(f"{path}: line {line}: a field longer than {FIELD_SIZE_LIMIT:,} "
+                                    "characters (a classification dataset's text is short)") from None
                 raise UserError(f"{path}: line {line}: malformed CSV ({exc})") from None
             except UnicodeDecodeError as exc:
                 raise UserError(f"{path}: after line {line}: not UTF-8 text ({exc.reason})") from None
