@@ -31,6 +31,7 @@ from prep.dataset import DATASET_FILE, PreparedDataset
 from vsecore.device import resolve_device
 from vsecore.errors import UserError
 from vsecore.io import exclusive_lock, sha256_file
+from vsecore.outputs import check_output_folder
 
 
 def _dataset(settings: FeaturesSection) -> PreparedDataset:
@@ -93,6 +94,9 @@ def run_features(settings: FeaturesSection, overwrite: bool = False, rethreshold
     dataset = _dataset(settings)
     if not dataset.images:
         raise UserError(f"{dataset.root}: the prepared dataset has no images")
+    # the store is no input (not inside --data or its images) and lies inside no other artifact (a run,
+    # another prepared dataset or store); it may be an existing store (resumed or replaced)
+    check_output_folder(out, (), inputs=[dataset.root, dataset.images_root], owner=out)
     # Locked before the model is loaded (a second writer is told at once) and before --overwrite
     # deletes anything; released by the kernel if this process dies.
     with exclusive_lock(out, "the feature store"):

@@ -149,6 +149,8 @@ class PreparedDataset:
     chars: Vocabulary
     words: Vocabulary
     record: dict[str, Any]
+    #: the folder the images' paths start from (``images_root`` of ``dataset.json``)
+    images_root: Path | None = None
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> PreparedDataset:
@@ -189,7 +191,8 @@ class PreparedDataset:
                    languages=list(data.get("languages", ["en"])), images=images, sentences=sentences,
                    pairs=pairs, chars=load_vocabulary(root / CHARS_FILE),
                    words=load_vocabulary(root / WORDS_FILE),
-                   record=_read_json(root / RECORD_FILE) if (root / RECORD_FILE).exists() else {})
+                   record=_read_json(root / RECORD_FILE) if (root / RECORD_FILE).exists() else {},
+                   images_root=images_root)
 
     # -- images --------------------------------------------------------------------------------
     def images_of(self, split: str | None = None) -> list[ImageEntry]:

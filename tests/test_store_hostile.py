@@ -121,9 +121,11 @@ def _limits() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
+def run(*args: str, capped: bool = True) -> subprocess.CompletedProcess:
+    """The command in a subprocess, under the address-space cap unless ``capped`` is False (a command that
+    loads torch maps more than the cap before it reads anything)."""
     return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=TIME_CAP,
-                          preexec_fn=_limits, env=dict(os.environ, OMP_NUM_THREADS="1"))
+                          preexec_fn=_limits if capped else None, env=dict(os.environ, OMP_NUM_THREADS="1"))
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +164,20 @@ def test_a_corrupted_store_record_is_one_line_before_any_read(data: Path, pristi
         assert done.returncode == 2, (case, command[1], done.returncode, done.stderr[-2000:])
         assert len(lines) == 1 and lines[0].startswith("features: error: "), (case, done.stderr[-2000:])
         assert names in lines[0], (case, lines[0])
+
+
+@pytest.mark.parametrize("where", ["data", "images", "run"])
+def test_a_store_is_never_written_inside_an_input_or_another_artifact(data: Path, tmp_path: Path,
+                                                                      where: str) -> None:
+    """issue 30.7: `features cnn --out` inside its own --data, DATA/images or a run directory is refused
+    before a model is loaded."""
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / ".vse-run").write_text("")
+    (run_dir / "config.json").write_text("{}")
+    out = {"data": data / "f.zarr", "images": data / "images" / "f.zarr", "run": run_dir / "f.zarr"}[where]
+    done = run("features", "cnn", "--data", str(data), "--out", str(out), "--cnn", "resnet152", "--weights",
+               "none", capped=False)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
+    assert f"--out {out}" in lines[0] and not out.exists()
