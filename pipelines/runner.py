@@ -145,6 +145,22 @@ def _output_of(pipe: Pipeline, stage: str) -> str:
     return getattr(pipe, stage).out
 
 
+def _check_outputs(pipe: Pipeline, name: str) -> None:
+    """Each stage's output is a folder of its own: not the file system root, and not inside (or equal
+    to) another stage's output (a feature store inside the prepared dataset would be replaced with it).
+    The evaluation writes into the run directory it evaluates, its owner."""
+    outputs = {stage: Path(_output_of(pipe, stage)).expanduser().resolve() for stage in STAGES
+               if stage != "evaluate" and getattr(pipe, stage) is not None}
+    for stage, out in outputs.items():
+        if out == Path(out.anchor):
+            raise UserError(f"pipeline '{name}': {stage}.out is the file system root; give it a folder of "
+                            "its own")
+        for other, folder in outputs.items():
+            if other != stage and (out == folder or folder in out.parents):
+                raise UserError(f"pipeline '{name}': {stage}.out {out} lies inside {other}.out {folder}; "
+                                "give each stage a folder of its own")
+
+
 def run_pipeline(name: str, file: str | None = None, force: bool = False, until: str | None = None,
                  overwrite: bool = False) -> None:
     """Run the stages of pipeline ``name`` in order (see the module docstring for skipping).
@@ -153,6 +169,7 @@ def run_pipeline(name: str, file: str | None = None, force: bool = False, until:
     settings; without it those are an error.
     """
     pipe = get_pipeline(name, file)
+    _check_outputs(pipe, name)
     upstream = ""
     last = STAGES.index(until) if until else len(STAGES) - 1
     for stage in STAGES[: last + 1]:
@@ -173,6 +190,12 @@ def run_pipeline(name: str, file: str | None = None, force: bool = False, until:
                 upstream = _prep_inputs_fingerprint(out, fp) if stage == "prep" else fp
                 continue
         resume = same and state.get("status") == "running" and not force
+        if stage == "prep" and Path(out).exists() and not overwrite and not state:
+            # a pipeline redoes the prepared datasets pipelines made (cheap; pipelines may share one); one
+            # no pipeline made (no stage record beside it) is the user's
+            raise UserError(f"{out}: prep.out of pipeline '{name}' holds a prepared dataset (or folder) "
+                            "that no pipeline made; set prep.out to a new folder, or run "
+                            f"`train pipeline {name} --overwrite` to replace it")
         if stage in ("train", "classify") and not resume and not overwrite and RunDir(out).holds_run():
             why = ("was made with other settings, or by another command" if not same else
                    "is this pipeline's finished run, which --force replaces only with --overwrite")
