@@ -93,20 +93,16 @@ def make_dataset(root: Path, images: int, seed: int = 0) -> Path:
 def make_fne_store(path: Path, images: int, width: int, block: int = 1000, seed: int = 0) -> Path:
     """A complete store whose ``fne/ternary`` is a random int8 array in {-1, 0, 1}, written by blocks."""
     from features.store import FeatureStore
-    from features.store_layout import ARRAY_CONFIG, COLUMN_CHUNK
 
-    store = FeatureStore.create(path, np.arange(images), {}, block_size=block, config={"bench": True},
-                                provenance={"network": "synthetic FNE"})
-    ternary = store.group.create_array("fne/ternary", shape=(images, width),
-                                       chunks=(block, min(width, COLUMN_CHUNK)), dtype="int8", fill_value=0,
-                                       config=ARRAY_CONFIG)
+    store = FeatureStore.create(path, np.arange(images), {"fne/ternary": width}, block_size=block,
+                                config={"bench": True}, provenance={"network": "synthetic FNE"},
+                                dtypes={"fne/ternary": "int8"})
     rng = np.random.default_rng(seed)
     for b in range(store.n_blocks):
         start, stop = b * block, min(images, (b + 1) * block)
         # the FNE's thresholds leave most features at 0: P(-1) = P(1) = 0.3 roughly
-        ternary[start:stop] = rng.choice(np.array([-1, 0, 1], dtype=np.int8), size=(stop - start, width),
-                                         p=[0.3, 0.4, 0.3])
-        store.write_block(b, {}, np.ones(stop - start, dtype=bool), [])
+        codes = rng.choice(np.array([-1, 0, 1], dtype=np.int8), size=(stop - start, width), p=[0.3, 0.4, 0.3])
+        store.write_block(b, {"fne/ternary": codes}, np.ones(stop - start, dtype=bool), [])
     store.set_attrs(complete=True)
     return path
 

@@ -45,6 +45,10 @@ MAX_BLOCK_SIZE = 1 << 20
 #: the largest metadata files: an array's ``zarr.json``, the group's (its attributes hold the failures)
 MAX_ARRAY_METADATA_BYTES = 1 << 20
 MAX_GROUP_METADATA_BYTES = 64 << 20
+#: the arrays readers read (``features.spec.SPEC_ARRAYS`` and their companions): each must be listed by
+#: the store's record, so none is read unchecked
+READ_ARRAYS = ("global", "regions", "boxes", "counts", "image_size", "fne/raw", "fne/ternary", "fne/mean",
+               "fne/std")
 #: the data types the writer makes for its outputs
 OUTPUT_DTYPES = ("float32", "float16", "int8", "int32")
 
@@ -135,14 +139,15 @@ def _expected_arrays(attrs: Mapping[str, Any], n: int, where: str) -> dict[str, 
     for name, (shape, dtype) in _recorded_outputs(attrs, where).items():
         arrays[name] = {"shape": (n, *shape), "dtype": dtype, "fill_value": fill_value(dtype),
                         **row_layout(name, shape, dtype, block_size)}
-        if name == "fne/raw" and len(shape) == 1:
+        if name in ("fne/raw", "fne/ternary") and len(shape) == 1:
             width = shape[0]
             for stat_name in ("fne/mean", "fne/std"):
                 arrays[stat_name] = {"shape": (width,), "chunks": (width,), "dtype": "float32",
                                      "fill_value": np.nan}
-            ternary = {"shape": (n, width), "chunks": arrays[name]["chunks"], "dtype": "int8",
-                       "fill_value": 0}
-            arrays["fne/ternary"] = arrays["fne/ternary_new"] = ternary
+            if name == "fne/raw":
+                ternary = {"shape": (n, width), "chunks": arrays[name]["chunks"], "dtype": "int8",
+                           "fill_value": 0}
+                arrays["fne/ternary"] = arrays["fne/ternary_new"] = ternary
     return arrays
 
 
@@ -219,7 +224,8 @@ def check_store_layout(path: Path, group: zarr.Group, chunk_files: bool = True) 
     if not isinstance(shape, list) or len(shape) != 1:
         raise UserError(f"{imgid}: shape must be [rows], got {str(shape)[:40]}")
     n = _integer(shape[0], 0, MAX_ROWS, f"{imgid}: shape[0]")
-    for name, args in _expected_arrays(attrs, n, where).items():
+    expected = _expected_arrays(attrs, n, where)
+    for name, args in expected.items():
         meta = path / name / "zarr.json"
         if not meta.exists():
             if name in ("imgid", "valid", "blocks_done", "failures") or name in attrs.get("outputs", {}):
@@ -245,6 +251,10 @@ def check_store_layout(path: Path, group: zarr.Group, chunk_files: bool = True) 
             raise _mismatch(meta, field, found.get(field), wanted[field], n)
         if chunk_files:
             _check_chunk_files(path / name, args)
+    for name in READ_ARRAYS:
+        if name not in expected and os.path.lexists(path / name / "zarr.json"):
+            raise UserError(f"{path}/{name}: an array this store's record (attribute outputs) does not list; "
+                            "the store was edited or damaged: extract the features again")
     failures = attrs.get("failures", [])
     if not isinstance(failures, list) or len(failures) > n or not all(
             isinstance(f, dict) and isinstance(f.get("imgid"), int) and not isinstance(f.get("imgid"), bool)

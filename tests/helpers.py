@@ -248,12 +248,10 @@ def make_region_store(path: Path, dataset: Path, with_counts: bool = True, seed:
             x[im["imgid"], j] += rng.normal(0, 0.1, REGION_DIM).astype(np.float32)
         if with_counts:
             counts[im["imgid"]] = max(1, len(words))
-    store = FeatureStore.create(path, np.arange(n), {}, block_size=n, config={"test": True},
-                                provenance={"network": "synthetic regions"})
-    shape = (n, REGION_K, REGION_DIM)
-    store.group.create_array("regions", shape=shape, chunks=shape, dtype="float32", fill_value=0.0)[:] = x
-    if with_counts:
-        store.group.create_array("counts", shape=(n,), chunks=(n,), dtype="int32", fill_value=0)[:] = counts
-    store.write_block(0, {}, np.ones(n, dtype=bool), [])
+    outputs = {"regions": (REGION_K, REGION_DIM), **({"counts": ()} if with_counts else {})}
+    store = FeatureStore.create(path, np.arange(n), outputs, block_size=n, config={"test": True},
+                                provenance={"network": "synthetic regions"}, dtypes={"counts": "int32"})
+    rows = {"regions": x, **({"counts": counts} if with_counts else {})}
+    store.write_block(0, rows, np.ones(n, dtype=bool), [])
     store.set_attrs(complete=True)
     return path
