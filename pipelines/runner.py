@@ -145,6 +145,15 @@ def _output_of(pipe: Pipeline, stage: str) -> str:
     return getattr(pipe, stage).out
 
 
+def _same_prep_options(record: dict[str, Any], section: Any) -> bool:
+    """Whether a prepared dataset's ``prep.json`` records the options of ``section`` (its ``out`` aside)."""
+    options = record.get("options")
+    if not isinstance(options, dict):
+        return False
+    wanted = section.model_dump(mode="json")
+    return {k: v for k, v in options.items() if k != "out"} == {k: v for k, v in wanted.items() if k != "out"}
+
+
 def _check_outputs(pipe: Pipeline, name: str) -> None:
     """Each stage's output is a folder of its own: not the file system root, and not inside (or equal
     to) another stage's output (a feature store inside the prepared dataset would be replaced with it).
@@ -192,10 +201,19 @@ def run_pipeline(name: str, file: str | None = None, force: bool = False, until:
         resume = same and state.get("status") == "running" and not force
         if stage == "prep" and Path(out).exists() and not overwrite and not state:
             # a pipeline redoes the prepared datasets pipelines made (cheap; pipelines may share one); one
-            # no pipeline made (no stage record beside it) is the user's
+            # no pipeline made (no stage record beside it) is the user's: taken as it is when it was made
+            # with these very settings from unchanged inputs, else replaced only with --overwrite
+            record = _prep_record(out)
+            if _same_prep_options(record, section) and not changed_inputs(record):
+                print(f"[pipeline {name}] {stage}: up to date ({out}, prepared with the same settings)",
+                      flush=True)
+                write_json_atomic(state_path, {"pipeline": name, "stage": stage, "fingerprint": fp,
+                                               "status": "done", "adopted": True})
+                upstream = _prep_inputs_fingerprint(out, fp)
+                continue
             raise UserError(f"{out}: prep.out of pipeline '{name}' holds a prepared dataset (or folder) "
-                            "that no pipeline made; set prep.out to a new folder, or run "
-                            f"`train pipeline {name} --overwrite` to replace it")
+                            "that no pipeline made, with other settings; set prep.out to a new folder, or "
+                            f"run `train pipeline {name} --overwrite` to replace it")
         if stage in ("train", "classify") and not resume and not overwrite and RunDir(out).holds_run():
             why = ("was made with other settings, or by another command" if not same else
                    "is this pipeline's finished run, which --force replaces only with --overwrite")

@@ -48,11 +48,23 @@ def test_a_hand_made_prepared_dataset_is_replaced_only_with_overwrite(tmp_path: 
     assert made.returncode == 0, made.stderr
     before = (mine / "dataset.json").read_bytes()
     path = pipelines_file(tmp_path, "data", "feats.zarr")
-    done = pipeline(path)
-    assert done.returncode == 2 and "that no pipeline made" in done.stderr, done.stderr[-2000:]
+    done = pipeline(path)  # 36 images by hand, 24 in the pipeline: other settings
+    assert done.returncode == 2 and "that no pipeline made, with other settings" in done.stderr, done.stderr
     assert (mine / "dataset.json").read_bytes() == before
     done = pipeline(path, "--overwrite")
     assert done.returncode == 0, done.stderr[-2000:]
     assert (mine / "dataset.json").read_bytes() != before  # 24 images now
     again = pipeline(path)  # the pipeline's own prepared dataset: up to date, no refusal
     assert again.returncode == 0 and "up to date" in again.stdout, again.stderr[-2000:]
+
+
+def test_a_hand_made_prepared_dataset_of_the_same_settings_is_taken_as_it_is(tmp_path: Path) -> None:
+    mine = tmp_path / "data"
+    made = subprocess.run([sys.executable, "-m", "prep", "synthetic", "--num-images", "24", "--image-size",
+                           "32", "--seed", "0", "--out", str(mine), "-q"], capture_output=True, text=True,
+                          timeout=120)
+    assert made.returncode == 0, made.stderr
+    before = (mine / "dataset.json").stat().st_mtime_ns
+    done = pipeline(pipelines_file(tmp_path, "data", "feats.zarr"))
+    assert done.returncode == 0 and "prepared with the same settings" in done.stdout, done.stderr[-2000:]
+    assert (mine / "dataset.json").stat().st_mtime_ns == before
