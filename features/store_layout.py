@@ -49,6 +49,9 @@ MAX_GROUP_METADATA_BYTES = 64 << 20
 #: the store's record, so none is read unchecked
 READ_ARRAYS = ("global", "regions", "boxes", "counts", "image_size", "fne/raw", "fne/ternary", "fne/mean",
                "fne/std")
+#: arrays a complete store may lack for a while: the FNE statistics and the ternary array while
+#: ``--rethreshold`` swaps it (:meth:`features.store.FeatureStore.replace_ternary`)
+OPTIONAL_ARRAYS = ("fne/mean", "fne/std", "fne/ternary", "fne/ternary_new")
 #: the data types the writer makes for its outputs
 OUTPUT_DTYPES = ("float32", "float16", "int8", "int32")
 
@@ -192,7 +195,10 @@ def _mismatch(meta: Path, field: str, found: Any, wanted: Any, n: int) -> UserEr
 
 
 def _check_chunk_files(folder: Path, args: Mapping[str, Any]) -> None:
-    """Every chunk file of the array in ``folder`` is a regular file no larger than a chunk can encode to."""
+    """Every chunk file of the array in ``folder`` is a regular file no larger than a chunk can encode to.
+
+    A file that vanishes during the scan is skipped: a writer replacing the array (``--rethreshold``'s
+    swap) is what the reader's generation check reports, in its own words."""
     per_file = args.get("shards") or args["chunks"]
     itemsize = 64 if args["dtype"] is str else np.dtype(args["dtype"]).itemsize  # strings: a JSON list
     most = math.prod(per_file) * itemsize * 2 + (1 << 16)
@@ -201,7 +207,11 @@ def _check_chunk_files(folder: Path, args: Mapping[str, Any]) -> None:
         return
     for root, dirs, files in os.walk(chunks):
         for name in files + [d for d in dirs if (Path(root) / d).is_symlink()]:
-            regular_file_size(Path(root) / name, most, "a chunk file")
+            try:
+                regular_file_size(Path(root) / name, most, "a chunk file")
+            except UserError:
+                if os.path.lexists(Path(root) / name):
+                    raise
 
 
 def check_store_layout(path: Path, group: zarr.Group, chunk_files: bool = True) -> None:
@@ -227,14 +237,25 @@ def check_store_layout(path: Path, group: zarr.Group, chunk_files: bool = True) 
     expected = _expected_arrays(attrs, n, where)
     for name, args in expected.items():
         meta = path / name / "zarr.json"
+        if not os.path.lexists(meta) and name in OPTIONAL_ARRAYS:
+            continue  # a statistic not written yet, or an array a writer is swapping in
         if not meta.exists():
             if name in ("imgid", "valid", "blocks_done", "failures") or name in attrs.get("outputs", {}):
                 raise UserError(f"{path}: array '{name}' is missing (no {name}/zarr.json)")
             continue
-        regular_file_size(meta, MAX_ARRAY_METADATA_BYTES, "the array metadata")
+        try:
+            regular_file_size(meta, MAX_ARRAY_METADATA_BYTES, "the array metadata")
+        except UserError:
+            if name in OPTIONAL_ARRAYS and not os.path.lexists(meta):
+                continue  # swapped out while it was being checked
+            raise
         wanted = _reference(args)
         try:
             record = json.loads(meta.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            if name in OPTIONAL_ARRAYS:
+                continue  # swapped out while it was being checked: the generation check says so
+            raise UserError(f"{path}: array '{name}' is missing (no {name}/zarr.json)") from None
         except (OSError, ValueError) as exc:
             raise UserError(f"{meta}: cannot read the array metadata: {exc}") from None
         for field in ("shape", "data_type"):  # the plain fields first: named even where zarr cannot parse
