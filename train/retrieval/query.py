@@ -20,10 +20,11 @@ are deterministic. The candidates' embeddings are computed once per run object a
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -33,12 +34,30 @@ from features.store_read import parse_spec
 from prep.dataset import PreparedDataset
 from train.engine.data import ImageRows, read_features
 from train.engine.inference import embed_images
+from train.engine.settings import TrainSection
 from train.engine.similarity import similarity
 from train.retrieval.evaluate.layout import scores_of_distinct
 from vsecore.errors import UserError
 
-if TYPE_CHECKING:
-    from train.retrieval.loaded import LoadedRun
+
+class SearchableRun(Protocol):
+    """What a search reads of a run: :class:`train.retrieval.loaded.LoadedRun` has it, and offers
+    :func:`search` as its ``search`` method. A protocol, so this module needs no import of that class."""
+
+    settings: TrainSection
+    model: torch.nn.Module
+    device: torch.device
+
+    @property
+    def dataset(self) -> PreparedDataset: ...
+
+    def feature_store_config(self) -> dict[str, Any]: ...
+
+    def encode_text(self, texts: list[str]) -> torch.Tensor: ...
+
+    def encode_images(self, paths: list[str | os.PathLike]) -> torch.Tensor: ...
+
+    def embed(self, split: str, texts: list[str] | None = None, lang: str | None = None) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -64,7 +83,7 @@ class Candidates:
     texts: list[str]
 
 
-def candidates(run: LoadedRun, split: str | None = "test") -> Candidates:
+def candidates(run: SearchableRun, split: str | None = "test") -> Candidates:
     """Embed (once per run and split) the images and captions that queries are ranked against."""
     cache = run.__dict__.setdefault("_candidates", {})
     if split in cache:
@@ -86,7 +105,8 @@ def candidates(run: LoadedRun, split: str | None = "test") -> Candidates:
 EXTRACTOR_KEYS = ("kind", "cnn", "weights", "weights_sha256", "crops", "resize", "input_size", "outputs")
 
 
-def store_candidates(run: LoadedRun, data: str | Path, features: str, split: str | None = None) -> Candidates:
+def store_candidates(run: SearchableRun, data: str | Path, features: str,
+                     split: str | None = None) -> Candidates:
     """Embed (once per run, collection and split) the images and captions of another prepared dataset.
 
     Args:
@@ -139,7 +159,7 @@ def _top(scores: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
     return values[:, :top], indices[:, :top]
 
 
-def search(run: LoadedRun, text: str | Sequence[str] | None = None,
+def search(run: SearchableRun, text: str | Sequence[str] | None = None,
            image: str | Path | Sequence[str | Path] | None = None, top: int = 5,
            split: str | None = "test", data: str | Path | None = None, features: str | None = None
            ) -> list[list[Hit]]:
