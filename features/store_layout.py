@@ -214,6 +214,50 @@ def _check_chunk_files(folder: Path, args: Mapping[str, Any]) -> None:
                     raise
 
 
+def _array_record(path: Path, name: str, required: bool) -> tuple[Path, Any] | None:
+    """``(its zarr.json, the parsed JSON)`` of array ``name``; ``None`` for an optional array that is absent
+    (not written yet, or swapped out by ``--rethreshold`` while checked: the generation check says so)."""
+    meta = path / name / "zarr.json"
+    try:
+        regular_file_size(meta, MAX_ARRAY_METADATA_BYTES, "the array metadata")
+        text = meta.read_text(encoding="utf-8")
+    except (UserError, FileNotFoundError):
+        if os.path.lexists(meta):
+            raise  # there, but not a readable regular file of bounded size
+        if required:
+            raise UserError(f"{path}: array '{name}' is missing (no {name}/zarr.json)") from None
+        return None
+    try:
+        return meta, json.loads(text)
+    except ValueError as exc:
+        raise UserError(f"{meta}: cannot read the array metadata: {exc}") from None
+
+
+def _check_array(meta: Path, record: Any, args: Mapping[str, Any], n: int) -> None:
+    """The array metadata ``record`` (of the file ``meta``) is what the writer makes from ``args``."""
+    wanted = _reference(args)
+    for field in ("shape", "data_type"):  # the plain fields first: named even where zarr cannot parse
+        if not isinstance(record, dict) or record.get(field) != wanted[field]:
+            found_value = record.get(field) if isinstance(record, dict) else None
+            raise _mismatch(meta, field, found_value, wanted[field], n)
+    try:
+        found = _comparable(ArrayV3Metadata.from_dict(record).to_dict())
+    except Exception as exc:  # noqa: BLE001 - zarr's parser raises many types for a bad file
+        reason = " ".join(str(exc).split())[:160]
+        raise UserError(f"{meta}: cannot read the array metadata: {reason}") from None
+    field = _first_difference(found, wanted)
+    if field is not None:
+        raise _mismatch(meta, field, found.get(field), wanted[field], n)
+
+
+def _check_failures(failures: Any, n: int, where: str) -> None:
+    if not isinstance(failures, list) or len(failures) > n or not all(
+            isinstance(f, dict) and isinstance(f.get("imgid"), int) and not isinstance(f.get("imgid"), bool)
+            and 0 <= f["imgid"] < n for f in failures):
+        raise UserError(f"{where}: attribute 'failures' must list at most {n} records with an integer imgid "
+                        f"from 0 to {n - 1}")
+
+
 def check_store_layout(path: Path, group: zarr.Group, chunk_files: bool = True) -> None:
     """A one-line UserError unless the store at ``path`` is laid out as the writer makes it.
 
@@ -225,60 +269,21 @@ def check_store_layout(path: Path, group: zarr.Group, chunk_files: bool = True) 
     """
     attrs = dict(group.attrs)
     where = f"{path}/zarr.json"
-    imgid = path / "imgid" / "zarr.json"
-    regular_file_size(imgid, MAX_ARRAY_METADATA_BYTES, "the array metadata")
-    try:
-        shape = json.loads(imgid.read_text(encoding="utf-8")).get("shape")
-    except (OSError, ValueError, AttributeError) as exc:
-        raise UserError(f"{imgid}: cannot read the array metadata: {exc}") from None
+    meta, imgid = _array_record(path, "imgid", required=True)
+    shape = imgid.get("shape") if isinstance(imgid, dict) else None
     if not isinstance(shape, list) or len(shape) != 1:
-        raise UserError(f"{imgid}: shape must be [rows], got {str(shape)[:40]}")
-    n = _integer(shape[0], 0, MAX_ROWS, f"{imgid}: shape[0]")
+        raise UserError(f"{meta}: shape must be [rows], got {str(shape)[:40]}")
+    n = _integer(shape[0], 0, MAX_ROWS, f"{meta}: shape[0]")
     expected = _expected_arrays(attrs, n, where)
     for name, args in expected.items():
-        meta = path / name / "zarr.json"
-        if not os.path.lexists(meta) and name in OPTIONAL_ARRAYS:
-            continue  # a statistic not written yet, or an array a writer is swapping in
-        if not meta.exists():
-            if name in ("imgid", "valid", "blocks_done", "failures") or name in attrs.get("outputs", {}):
-                raise UserError(f"{path}: array '{name}' is missing (no {name}/zarr.json)")
-            continue
-        try:
-            regular_file_size(meta, MAX_ARRAY_METADATA_BYTES, "the array metadata")
-        except UserError:
-            if name in OPTIONAL_ARRAYS and not os.path.lexists(meta):
-                continue  # swapped out while it was being checked
-            raise
-        wanted = _reference(args)
-        try:
-            record = json.loads(meta.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            if name in OPTIONAL_ARRAYS:
-                continue  # swapped out while it was being checked: the generation check says so
-            raise UserError(f"{path}: array '{name}' is missing (no {name}/zarr.json)") from None
-        except (OSError, ValueError) as exc:
-            raise UserError(f"{meta}: cannot read the array metadata: {exc}") from None
-        for field in ("shape", "data_type"):  # the plain fields first: named even where zarr cannot parse
-            if not isinstance(record, dict) or record.get(field) != wanted[field]:
-                found_value = record.get(field) if isinstance(record, dict) else None
-                raise _mismatch(meta, field, found_value, wanted[field], n)
-        try:
-            found = _comparable(ArrayV3Metadata.from_dict(record).to_dict())
-        except Exception as exc:  # noqa: BLE001 - zarr's parser raises many types for a bad file
-            reason = " ".join(str(exc).split())[:160]
-            raise UserError(f"{meta}: cannot read the array metadata: {reason}") from None
-        field = _first_difference(found, wanted)
-        if field is not None:
-            raise _mismatch(meta, field, found.get(field), wanted[field], n)
-        if chunk_files:
-            _check_chunk_files(path / name, args)
+        required = name not in OPTIONAL_ARRAYS or name in attrs.get("outputs", {})
+        found = _array_record(path, name, required)
+        if found is not None:
+            _check_array(*found, args, n)
+            if chunk_files:
+                _check_chunk_files(path / name, args)
     for name in READ_ARRAYS:
         if name not in expected and os.path.lexists(path / name / "zarr.json"):
             raise UserError(f"{path}/{name}: an array this store's record (attribute outputs) does not list; "
                             "the store was edited or damaged: extract the features again")
-    failures = attrs.get("failures", [])
-    if not isinstance(failures, list) or len(failures) > n or not all(
-            isinstance(f, dict) and isinstance(f.get("imgid"), int) and not isinstance(f.get("imgid"), bool)
-            and 0 <= f["imgid"] < n for f in failures):
-        raise UserError(f"{where}: attribute 'failures' must list at most {n} records with an integer imgid "
-                        f"from 0 to {n - 1}")
+    _check_failures(attrs.get("failures", []), n, where)
