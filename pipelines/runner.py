@@ -170,6 +170,56 @@ def _check_outputs(pipe: Pipeline, name: str) -> None:
                                 "give each stage a folder of its own")
 
 
+def _hand_made_dataset_is_current(name: str, out: str, section: Any) -> bool:
+    """A prepared dataset at ``prep.out`` that no pipeline made (no stage record beside it) is the user's:
+    taken as it is (True) when it was made with these very settings from unchanged inputs, else an error
+    (replaced only with ``--overwrite``). A pipeline redoes the prepared datasets pipelines made freely."""
+    record = _prep_record(out)
+    if _same_prep_options(record, section) and not changed_inputs(record):
+        return True
+    raise UserError(f"{out}: prep.out of pipeline '{name}' holds a prepared dataset (or folder) that no "
+                    "pipeline made, with other settings; set prep.out to a new folder, or run "
+                    f"`train pipeline {name} --overwrite` to replace it")
+
+
+def _check_no_foreign_run(name: str, out: str, same: bool) -> None:
+    """A finished run at ``train.out`` is replaced only with ``--overwrite``."""
+    if RunDir(out).holds_run():
+        why = ("was made with other settings, or by another command" if not same else
+               "is this pipeline's finished run, which --force replaces only with --overwrite")
+        raise UserError(f"{out}: the run directory of pipeline '{name}' already holds a run that {why}; "
+                        f"set train.out to a new run folder, or run `train pipeline {name} --overwrite` "
+                        f"to replace it")
+
+
+def _run_stage(pipe: Pipeline, name: str, stage: str, out: str, fp: str, state: dict[str, Any],
+               resume: bool, overwrite: bool, changed: list[str]) -> None:
+    """Run one stage, its state file saying "running" meanwhile and "done" after (as it was if refused)."""
+    state_path = _state_file(out)
+    verb = "resuming" if resume else "running"
+    because = ""
+    if changed:
+        more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
+        because = f" (input changed: {changed[0]}{more})"
+    print(f"[pipeline {name}] {stage}: {verb} -> {out}{because}", flush=True)
+    write_json_atomic(state_path, {"pipeline": name, "stage": stage, "fingerprint": fp,
+                                   "status": "running", "started": time.time()})
+    t0 = time.time()
+    try:
+        RUNNERS[stage](pipe, resume, overwrite)
+    except UserError:
+        # refused (e.g. a store of other settings): the output is as it was, so is its state;
+        # "running" would make the next run resume it instead of honouring --overwrite
+        if state:
+            write_json_atomic(state_path, state)
+        else:
+            state_path.unlink(missing_ok=True)
+        raise
+    write_json_atomic(state_path, {"pipeline": name, "stage": stage, "fingerprint": fp,
+                                   "status": "done", "seconds": round(time.time() - t0, 1)})
+    print(f"[pipeline {name}] {stage}: done in {time.time() - t0:.1f}s", flush=True)
+
+
 def run_pipeline(name: str, file: str | None = None, force: bool = False, until: str | None = None,
                  overwrite: bool = False) -> None:
     """Run the stages of pipeline ``name`` in order (see the module docstring for skipping).
@@ -187,61 +237,27 @@ def run_pipeline(name: str, file: str | None = None, force: bool = False, until:
             continue
         fp = fingerprint({stage: section.model_dump()}, upstream)
         out = _output_of(pipe, stage)
-        state_path = _state_file(out)
-        state = _read_state(state_path)
+        state = _read_state(_state_file(out))
         same = state.get("fingerprint") == fp and Path(out).exists()
         changed: list[str] = []
         if same and state.get("status") == "done" and not force:
-            if stage == "prep":
-                changed = changed_inputs(_prep_record(out))
+            changed = changed_inputs(_prep_record(out)) if stage == "prep" else []
             if not changed:
                 print(f"[pipeline {name}] {stage}: up to date ({out})", flush=True)
                 upstream = _prep_inputs_fingerprint(out, fp) if stage == "prep" else fp
                 continue
         resume = same and state.get("status") == "running" and not force
-        if stage == "prep" and Path(out).exists() and not overwrite and not state:
-            # a pipeline redoes the prepared datasets pipelines made (cheap; pipelines may share one); one
-            # no pipeline made (no stage record beside it) is the user's: taken as it is when it was made
-            # with these very settings from unchanged inputs, else replaced only with --overwrite
-            record = _prep_record(out)
-            if _same_prep_options(record, section) and not changed_inputs(record):
-                print(f"[pipeline {name}] {stage}: up to date ({out}, prepared with the same settings)",
-                      flush=True)
-                write_json_atomic(state_path, {"pipeline": name, "stage": stage, "fingerprint": fp,
-                                               "status": "done", "adopted": True})
-                upstream = _prep_inputs_fingerprint(out, fp)
-                continue
-            raise UserError(f"{out}: prep.out of pipeline '{name}' holds a prepared dataset (or folder) "
-                            "that no pipeline made, with other settings; set prep.out to a new folder, or "
-                            f"run `train pipeline {name} --overwrite` to replace it")
-        if stage in ("train", "classify") and not resume and not overwrite and RunDir(out).holds_run():
-            why = ("was made with other settings, or by another command" if not same else
-                   "is this pipeline's finished run, which --force replaces only with --overwrite")
-            raise UserError(f"{out}: the run directory of pipeline '{name}' already holds a run that {why}; "
-                            f"set train.out to a new run folder, or run `train pipeline {name} --overwrite` "
-                            f"to replace it")
-        verb = "resuming" if resume else "running"
-        because = ""
-        if changed:
-            more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
-            because = f" (input changed: {changed[0]}{more})"
-        print(f"[pipeline {name}] {stage}: {verb} -> {out}{because}", flush=True)
-        write_json_atomic(state_path, {"pipeline": name, "stage": stage, "fingerprint": fp,
-                                       "status": "running", "started": time.time()})
-        t0 = time.time()
-        try:
-            RUNNERS[stage](pipe, resume, overwrite)
-        except UserError:
-            # refused (e.g. a store of other settings): the output is as it was, so is its state;
-            # "running" would make the next run resume it instead of honouring --overwrite
-            if state:
-                write_json_atomic(state_path, state)
-            else:
-                state_path.unlink(missing_ok=True)
-            raise
-        write_json_atomic(state_path, {"pipeline": name, "stage": stage, "fingerprint": fp,
-                                       "status": "done", "seconds": round(time.time() - t0, 1)})
-        print(f"[pipeline {name}] {stage}: done in {time.time() - t0:.1f}s", flush=True)
+        if stage == "prep" and Path(out).exists() and not overwrite and not state \
+                and _hand_made_dataset_is_current(name, out, section):
+            print(f"[pipeline {name}] {stage}: up to date ({out}, prepared with the same settings)",
+                  flush=True)
+            write_json_atomic(_state_file(out), {"pipeline": name, "stage": stage, "fingerprint": fp,
+                                                 "status": "done", "adopted": True})
+            upstream = _prep_inputs_fingerprint(out, fp)
+            continue
+        if stage in ("train", "classify") and not resume and not overwrite:
+            _check_no_foreign_run(name, out, same)
+        _run_stage(pipe, name, stage, out, fp, state, resume, overwrite, changed)
         upstream = _prep_inputs_fingerprint(out, fp) if stage == "prep" else fp
 
 
