@@ -77,6 +77,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from train.retrieval.evaluate.grid import Grid, Members
 from train.retrieval.evaluate.layout import RankingLayout
 from train.retrieval.evaluate.metrics import Ranks
 from train.retrieval.evaluate.topk import Index as _Index
@@ -139,69 +140,6 @@ def default_block_sizes(measure: str | None, dim: int, device: torch.device) -> 
                       captions=min(8192, max(256, (1 << 23) // d)))
 
 
-def _split_range(start: int, stop: int, size: int) -> list[tuple[int, int]]:
-    """``[start, stop)`` in the fewest pieces of at most ``size``, of equal length (+-1): no sliver of a
-    few rows, whose products a BLAS may round differently."""
-    count = stop - start
-    if count <= 0:
-        return []
-    pieces = -(-count // max(1, size))
-    return [(start + count * j // pieces, start + count * (j + 1) // pieces) for j in range(pieces)]
-
-
-@dataclass(frozen=True)
-class _Members:
-    """The images (or captions) that read their scores from distinct rows (columns) ``lo:hi``.
-
-    ``index`` (k,): their input indices and ``local`` (k,): their distinct row minus ``lo``, both
-    ``None`` when they are exactly the inputs ``lo:hi`` in order (no duplicates: the usual case, read
-    without a gather); ``weight`` (hi - lo,): the multiplicities, ``None`` when all are 1.
-    """
-
-    lo: int
-    hi: int
-    device: torch.device
-    index: torch.Tensor | None = None
-    local: torch.Tensor | None = None
-    weight: torch.Tensor | None = None
-
-    @property
-    def count(self) -> int:
-        """The number of inputs (images or captions) these rows score."""
-        return self.hi - self.lo if self.index is None else self.index.numel()
-
-    def all(self) -> _Index:
-        """Every input, as a slice or an index tensor."""
-        return slice(self.lo, self.hi) if self.index is None else self.index
-
-    def indices(self) -> torch.Tensor:
-        """Every input, as an index tensor (k,)."""
-        if self.index is None:
-            return torch.arange(self.lo, self.hi, device=self.device)
-        return self.index
-
-    def pieces(self, size: int) -> Iterator[tuple[_Index, torch.Tensor | None]]:
-        """``(inputs, local)`` in pieces of at most ``max(size, hi - lo)`` inputs (so an expanded tile is
-        never larger than a tile); ``local`` ``None``: the tile's rows (columns) as they are."""
-        if self.index is None:
-            yield slice(self.lo, self.hi), None
-            return
-        size = max(size, self.hi - self.lo, 1)
-        for a in range(0, self.index.numel(), size):
-            yield self.index[a:a + size], self.local[a:a + size]
-
-
-def _members(keys: torch.Tensor, order: torch.Tensor, weights: torch.Tensor, lo: int, hi: int) -> _Members:
-    """The inputs whose distinct row is in ``lo:hi``: ``keys`` (sorted distinct row of each input, in
-    ``order``), ``weights`` (U,) the multiplicities."""
-    a, b = torch.searchsorted(keys, torch.tensor([lo, hi], device=keys.device)).tolist()
-    index = order[a:b]
-    weighted = b - a != hi - lo
-    if not weighted and bool((index == torch.arange(lo, hi, device=index.device)).all()):
-        return _Members(lo, hi, keys.device)
-    return _Members(lo, hi, keys.device, index, keys[a:b] - lo, weights[lo:hi] if weighted else None)
-
-
 def _weighted_sum(mask: torch.Tensor, weight: torch.Tensor | None, dim: int) -> torch.Tensor:
     """``mask.sum(dim)``, each element counted ``weight`` times (weight along the other dimension)."""
     if weight is None:
@@ -228,13 +166,13 @@ class _Counts:
         self.topk_i2t = _TopK(n, min(topk, m), device) if topk > 0 else None
         self.topk_t2i = _TopK(m, min(topk, n), device) if topk > 0 else None
 
-    def own_scores(self, tile: torch.Tensor, rows: _Members, cols: _Members, own: _Index) -> torch.Tensor:
+    def own_scores(self, tile: torch.Tensor, rows: Members, cols: Members, own: _Index) -> torch.Tensor:
         """The scores (k,) of the ground-truth pairs of captions ``own``, all in this tile."""
         r = self.layout.image_row[self.ci[own]] - rows.lo
         c = self.layout.caption_col[own] - cols.lo
         return tile[r, c]
 
-    def set_ground_truth(self, tile: torch.Tensor, rows: _Members, cols: _Members, own: _Index) -> None:
+    def set_ground_truth(self, tile: torch.Tensor, rows: Members, cols: Members, own: _Index) -> None:
         """Take the ground-truth scores of the captions ``own`` from the tile that holds them."""
         if self.gt is None:
             self.gt = torch.empty(self.ci.numel(), dtype=tile.dtype, device=self.device)
@@ -244,7 +182,7 @@ class _Counts:
         # a NaN caption score must not hide the image's other captions: its own rank is the worst
         self.best.scatter_reduce_(0, self.ci[own], scores.masked_fill(torch.isnan(scores), -math.inf), "amax")
 
-    def count(self, tile: torch.Tensor, rows: _Members, cols: _Members, own: _Index | None) -> None:
+    def count(self, tile: torch.Tensor, rows: Members, cols: Members, own: _Index | None) -> None:
         """Add the tile of distinct rows ``rows`` x columns ``cols`` to the counts of every image and caption
         they score; ``own``: the captions whose ground-truth pair lies in it."""
         # image-to-text: each image against the tile's columns, each column counted once per caption
@@ -283,7 +221,7 @@ class _Counts:
         if self.topk_i2t is not None:
             self._topk(tile, rows, cols)
 
-    def _topk(self, tile: torch.Tensor, rows: _Members, cols: _Members) -> None:
+    def _topk(self, tile: torch.Tensor, rows: Members, cols: Members) -> None:
         def ids(index: _Index) -> torch.Tensor:
             if isinstance(index, slice):
                 return torch.arange(index.start, index.stop, device=self.device)
@@ -349,18 +287,13 @@ def rank_tiles(tiles: TileSource, layout: RankingLayout, blocks: BlockSizes, dev
     """Ranks of every query from the tiles of a similarity matrix: the one counting kernel.
 
     Args:
-        tiles: the tile source over the *distinct* rows and columns of ``layout``,
-            ``(r0, r1, c0, c1) -> U[r0:r1, c0:c1]`` on ``device``; for :meth:`RankingLayout.grouped`
-            these are the images and captions themselves.
-        layout: how images and captions read their scores from the distinct matrix; every image in
-            ``0..N-1`` with at least one caption.
-        blocks: the largest tile (split evenly, see the module docstring).
-        topk: K > 0 also keeps each query's K best candidates (named by input index).
+        tiles: ``(r0, r1, c0, c1) -> U[r0:r1, c0:c1]`` on ``device``, U the matrix of ``layout``'s
+            distinct rows and columns (for :meth:`RankingLayout.grouped`, the inputs themselves).
+        layout: how images and captions read their scores from U; every image has a caption.
+        blocks: the largest tile (split evenly); topk: K > 0 keeps each query's K best candidates.
         stats: filled with the number and largest shape of the tiles built.
-        on_tile: called with the number of (image, caption) pairs each counted tile scores (the
-            pairs of the N x M matrix: each exactly once over the call).
-        nan_possible: ``False`` when no score can be NaN (it saves one pass over every tile to
-            count them; NaN scores rank the same either way).
+        on_tile: called with each counted tile's number of (image, caption) pairs (each pair once).
+        nan_possible: ``False`` when no score can be NaN (saves a pass; NaN ranks the same either way).
 
     Returns:
         :class:`Ranks` of the N images and M captions, in their input order.
@@ -368,33 +301,14 @@ def rank_tiles(tiles: TileSource, layout: RankingLayout, blocks: BlockSizes, dev
     stats = stats if stats is not None else TileStats()
     counts = _Counts(layout, blocks, device, topk, nan_possible)
     threads = _counting_threads(device)
-    row_keys, row_order = torch.sort(layout.image_row, stable=True)
-    col_keys, col_order = torch.sort(layout.caption_col, stable=True)
-    row_blocks = [_members(row_keys, row_order, layout.image_weight, a, b)
-                  for a, b in _split_range(0, layout.rows, blocks.images)]
-    # the single (unshared) columns are grouped by the row of their ground truth: each row block's own
-    # columns, split into chunks, hold all their ground-truth pairs; the shared columns come last
-    home = layout.home_rows.numel()
-    starts = torch.tensor([rows.lo for rows in row_blocks] + [layout.rows], dtype=torch.int64)
-    bounds = torch.searchsorted(layout.home_rows.cpu(), starts).tolist()
-    home_chunks = [[_members(col_keys, col_order, layout.caption_weight, a, b)
-                    for a, b in _split_range(bounds[r], bounds[r + 1], blocks.captions)]
-                   for r in range(len(row_blocks))]
-    shared_chunks = [_members(col_keys, col_order, layout.caption_weight, a, b)
-                     for a, b in _split_range(home, layout.cols, blocks.captions)]
-    # the distinct row of each shared caption's ground truth: which tiles hold its pair
-    shared_rows = [layout.image_row[layout.caption_image[cols.indices()]] for cols in shared_chunks]
-
-    def tile_of(rows: _Members, cols: _Members) -> torch.Tensor:
+    grid = Grid.of(layout, blocks.images, blocks.captions)
+    row_blocks, home_chunks, shared_chunks = grid.row_blocks, grid.home_chunks, grid.shared_chunks
+    def tile_of(rows: Members, cols: Members) -> torch.Tensor:
         tile = tiles(rows.lo, rows.hi, cols.lo, cols.hi)
         stats.record(*tile.shape)
         return tile
 
-    def shared_own(rows: _Members, k: int) -> torch.Tensor | None:
-        inside = (shared_rows[k] >= rows.lo) & (shared_rows[k] < rows.hi)
-        return shared_chunks[k].indices()[inside] if bool(inside.any()) else None
-
-    def count(tile: torch.Tensor, rows: _Members, cols: _Members, own: _Index | None) -> None:
+    def count(tile: torch.Tensor, rows: Members, cols: Members, own: _Index | None) -> None:
         with _intra_op_threads(threads):
             counts.count(tile, rows, cols, own)
         if on_tile is not None:
@@ -405,7 +319,7 @@ def rank_tiles(tiles: TileSource, layout: RankingLayout, blocks: BlockSizes, dev
     # when a single chunk completes the thresholds of every row and column of the tile
     for rows in row_blocks:
         for k, cols in enumerate(shared_chunks):
-            own = shared_own(rows, k)
+            own = grid.shared_own(rows, k)
             if own is not None:
                 counts.set_ground_truth(tile_of(rows, cols), rows, cols, own)
     for rows, own_chunks in zip(row_blocks, home_chunks, strict=True):
@@ -423,7 +337,7 @@ def rank_tiles(tiles: TileSource, layout: RankingLayout, blocks: BlockSizes, dev
             for cols in own_chunks:
                 count(tile_of(rows, cols), rows, cols, cols.all() if home_r == r else None)
         for k, cols in enumerate(shared_chunks):
-            count(tile_of(rows, cols), rows, cols, shared_own(rows, k))
+            count(tile_of(rows, cols), rows, cols, grid.shared_own(rows, k))
     return counts.ranks()
 
 
