@@ -144,7 +144,8 @@ def ternary(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
 
 def write_fne_statistics(path: Path) -> None:
     """``fne/mean`` and ``fne/std`` as ``features fne`` writes them, and the ternary thresholds."""
-    from features.store import ARRAY_CONFIG, FeatureStore
+    from features.store import FeatureStore
+    from features.store_layout import ARRAY_CONFIG
 
     store = FeatureStore(path, mode="r+")
     for name, value in (("fne/mean", 0.0), ("fne/std", 1.0)):

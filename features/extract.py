@@ -20,7 +20,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from features.store import ARRAY_CONFIG, FeatureStore
+from features.store import FeatureStore
+from features.store_layout import ARRAY_CONFIG
 from vsecore import console
 from vsecore.errors import UserError
 

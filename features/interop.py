@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from features.export import COCO_1K, COCO_5K, image_file
-from features.store import FeatureStore, RowShape, row_shape
+from features.store import FeatureStore
+from features.store_layout import RowShape, row_shape
 from prep.dataset import DATASET_FILE, PreparedDataset
 from vsecore.errors import UserError
 from vsecore.io import exclusive_lock, sha256_file

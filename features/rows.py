@@ -11,7 +11,7 @@ nothing else. Each read
 - checks afterwards that the store's ``generation`` token is the one seen when it was opened, so a
   rewrite (``--rethreshold``, a re-extraction) that overlaps training is a one-line error, never a batch
   of mixed rows;
-- names a damaged chunk in one line (:class:`features.store.StoreArray`).
+- names a damaged chunk in one line (:class:`features.store_array.StoreArray`).
 
 Region stores are written one shard per block with one inner chunk per row
 (:data:`features.store_layout.SHARD_ROW_BYTES`), so a random row costs one small read; a store with one chunk
@@ -29,7 +29,8 @@ import google_crc32c
 import numpy as np
 from numcodecs import Zstd
 
-from features.store import FeatureStore, StoreArray, StoreState
+from features.store import FeatureStore, StoreState
+from features.store_array import StoreArray
 from features.store_read import _open_for_reading, check_row_records, consistent_read, first_nonfinite_row
 from prep.dataset import PreparedDataset
 from vsecore.errors import UserError

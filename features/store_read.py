@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from features.spec import SPEC_ARRAYS, FeatureSpec
-from features.store import FeatureStore, rows_per_file
+from features.store import FeatureStore
+from features.store_layout import rows_per_file
 from prep.dataset import DATASET_FILE, PreparedDataset
 from vsecore.errors import UserError
 from vsecore.io import sha256_file

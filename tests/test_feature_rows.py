@@ -12,7 +12,8 @@ import torch
 from helpers import make_prepared, make_store
 
 from features.rows import StoreRows, open_rows
-from features.store import FeatureStore, rows_per_file
+from features.store import FeatureStore
+from features.store_layout import rows_per_file
 from features.store_read import read_matrix
 from prep.dataset import PreparedDataset
 from train.engine.data import feature_memory_limit, load_caption_set, read_features
