@@ -28,6 +28,9 @@ from typing import Any
 import google_crc32c
 import numpy as np
 from numcodecs import Zstd
+from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
+from zarr.codecs.bytes import Endian
+from zarr.codecs.sharding import ShardingCodecIndexLocation
 
 from features.store import FeatureStore, StoreState
 from features.store_array import StoreArray
@@ -79,10 +82,6 @@ class ShardRows:
     @staticmethod
     def matches(array: StoreArray) -> bool:
         """Whether ``array`` has exactly the sharded layout this reader decodes."""
-        from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
-        from zarr.codecs.bytes import Endian
-        from zarr.codecs.sharding import ShardingCodecIndexLocation
-
         codecs = array.zarr.metadata.codecs
         if len(codecs) != 1 or not isinstance(codecs[0], ShardingCodec):
             return False

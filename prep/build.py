@@ -177,14 +177,10 @@ def check_image_path(im: RawImage) -> None:
                             f"annotation files must stay inside --images")
 
 
-def build_dataset(raw: RawDataset, settings: PrepSection) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(dataset.json content, record of drops)`` from a source's images, captions and pairs.
-
-    Captions beyond :func:`caption_limit` (the first ones in the source's order that are not
-    empty are kept) are dropped and counted as ``captions_beyond_K``.
-    """
-    cleaner = TextCleaner(settings.lowercase)
-    limit = caption_limit(settings)
+def _kept_captions(raw: RawDataset, cleaner: TextCleaner, limit: int | None
+                   ) -> tuple[list[tuple[str, str]], list[tuple[int, RawCaption]]]:
+    """``(lang, cleaned text)`` of every caption kept and ``(image row, caption)`` of each, in order; ids,
+    splits and image paths checked; empty captions and those beyond ``limit`` per language dropped."""
     seen_images: dict[str, str] = {}
     seen_sent: dict[tuple[str, Any], str] = {}
     texts: list[tuple[str, str]] = []
@@ -201,7 +197,6 @@ def build_dataset(raw: RawDataset, settings: PrepSection) -> tuple[dict[str, Any
             where = f"{im.where}: caption {k}"
             if cap.source_id is not None:
                 where += f" (id {cap.source_id})"
-            if cap.source_id is not None:
                 key = (cap.lang, cap.source_id)
                 if key in seen_sent:
                     raise UserError(f"{where}: duplicate sentence id {cap.source_id!r} (also "
@@ -216,18 +211,32 @@ def build_dataset(raw: RawDataset, settings: PrepSection) -> tuple[dict[str, Any
             kept[cap.lang] += 1
             texts.append((cap.lang, text))
             owners.append((row, cap))
+    return texts, owners
+
+
+def _image_entry(row: int, im: RawImage) -> dict[str, Any]:
+    """The ``dataset.json`` entry of an image, before its sentences."""
+    entry: dict[str, Any] = {"imgid": row, "split": im.split, "filename": im.filename}
+    if im.filepath:
+        entry["filepath"] = im.filepath
+    if im.cocoid is not None:
+        entry["cocoid"] = im.cocoid
+    if im.karpathy_split:
+        entry["karpathy_split"] = im.karpathy_split
+    entry["sentids"], entry["sentences"] = [], []
+    return entry
+
+
+def build_dataset(raw: RawDataset, settings: PrepSection) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(dataset.json content, record of drops)`` from a source's images, captions and pairs.
+
+    Captions beyond :func:`caption_limit` (the first ones in the source's order that are not
+    empty are kept) are dropped and counted as ``captions_beyond_K``.
+    """
+    cleaner = TextCleaner(settings.lowercase)
+    texts, owners = _kept_captions(raw, cleaner, caption_limit(settings))
     tokenized = cleaner.tokenize(texts, "tokenizing captions")
-    images = []
-    for row, im in enumerate(raw.images):
-        entry: dict[str, Any] = {"imgid": row, "split": im.split, "filename": im.filename}
-        if im.filepath:
-            entry["filepath"] = im.filepath
-        if im.cocoid is not None:
-            entry["cocoid"] = im.cocoid
-        if im.karpathy_split:
-            entry["karpathy_split"] = im.karpathy_split
-        entry["sentids"], entry["sentences"] = [], []
-        images.append(entry)
+    images = [_image_entry(row, im) for row, im in enumerate(raw.images)]
     sentid_of: dict[int, dict[str, Any]] = {}
     for sentid, ((row, cap), (text, toks, original)) in enumerate(zip(owners, tokenized, strict=True)):
         if not toks:  # e.g. Japanese punctuation only: nothing a model could read
