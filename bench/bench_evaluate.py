@@ -38,6 +38,7 @@ import resource
 import subprocess
 import sys
 import time
+from typing import Any
 
 FULL_IMAGES, FULL_CAPTIONS_PER_IMAGE = 5000, 5
 DEFAULT_RUNS = (("cosine", 1024), ("cosine", 8192), ("order", 1024))
@@ -55,6 +56,26 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _embeddings(measure: str, n: int, m: int, dim: int) -> tuple[Any, Any]:
+    """Seeded tie-free embeddings: uniform non-negative rows for order, unit normal rows for cosine."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    if measure == "order":  # order embeddings are non-negative
+        return torch.rand(n, dim, generator=gen), torch.rand(m, dim, generator=gen)
+    return (torch.nn.functional.normalize(torch.randn(n, dim, generator=gen), dim=1),
+            torch.nn.functional.normalize(torch.randn(m, dim, generator=gen), dim=1))
+
+
+def _kernel_ran(measure: str, device: str, order_kernel: str, compiled_ready: bool) -> str:
+    """Which order-violation kernel scored the tiles ("" for cosine)."""
+    if measure != "order":
+        return ""
+    if device.startswith("cuda") or order_kernel == "eager":
+        return "eager"
+    return "compiled" if compiled_ready and order_kernel != "blocked" else "blocked"
+
+
 def run_one(measure: str, dim: int, images: int, per_image: int, device: str, threads: int | None,
             block_images: int | None, block_captions: int | None, order_kernel: str = "auto",
             repeat: int = 3) -> dict[str, object]:
@@ -65,14 +86,8 @@ def run_one(measure: str, dim: int, images: int, per_image: int, device: str, th
 
     if threads:
         torch.set_num_threads(threads)
-    gen = torch.Generator().manual_seed(0)
     n, m = images, images * per_image
-    if measure == "order":  # order embeddings are non-negative
-        img = torch.rand(n, dim, generator=gen)
-        cap = torch.rand(m, dim, generator=gen)
-    else:
-        img = torch.nn.functional.normalize(torch.randn(n, dim, generator=gen), dim=1)
-        cap = torch.nn.functional.normalize(torch.randn(m, dim, generator=gen), dim=1)
+    img, cap = _embeddings(measure, n, m, dim)
     ci = vsepp_caption_image(n, per_image)
     if device.startswith("cuda"):
         img, cap = img.to(device), cap.to(device)
@@ -103,14 +118,7 @@ def run_one(measure: str, dim: int, images: int, per_image: int, device: str, th
         matmul.append(time.perf_counter() - t0)
         del product
     seconds = min(evals)
-    kernel = ""
-    if measure == "order":
-        if device.startswith("cuda") or order_kernel == "eager":
-            kernel = "eager"
-        elif evaluator_kernel.ready(dim) and order_kernel != "blocked":
-            kernel = "compiled"
-        else:
-            kernel = "blocked"
+    kernel = _kernel_ran(measure, device, order_kernel, evaluator_kernel.ready(dim))
     pairs = n * m
     full_pairs = FULL_IMAGES * FULL_IMAGES * FULL_CAPTIONS_PER_IMAGE
     out = {
