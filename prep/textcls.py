@@ -10,9 +10,12 @@ not the Karpathy schema but::
      "languages": [...], "items": [{"id", "split", "label" (0-based), "text", "tokens", "lang",
      "source": "FILE:LINE"}, ...]}
 
-``text`` is the row's text as ``prep`` cleans captions (Unicode NFKC, whitespace collapsed; the
-romaji for Japanese); ``tokens`` its words (lowercased when ``lowercase``). Rows whose text is empty
-are dropped and counted.
+``text`` is :func:`encoder_text` of the row (the Zhang files' escapes decoded, then cleaned as ``prep``
+cleans captions: controls removed, Unicode NFKC, whitespace collapsed; the romaji for Japanese);
+``tokens`` its words (lowercased when ``lowercase``). Rows whose text is empty are dropped and counted;
+what was repaired is counted in ``prep.json`` (``repaired``: occurrences of each kind, ``repaired_texts``,
+``repaired_first``), and ``text_repairs`` names the repair :func:`encoder_text` applied (``"zhang"`` or
+``null``), so ``train predict`` reads a new text exactly as this dataset's texts were read.
 
 Splits. The official train/test files are kept. The val split is carved from the train rows:
 ``val_fraction`` of them, stratified (each class gives the same fraction, the remainders going to
@@ -33,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from prep import __version__
-from prep.build import TextCleaner
+from prep.build import LIST_FIRST
 from prep.dataset import (
     CHARS_FILE,
     DATASET_FILE,
@@ -47,13 +50,54 @@ from prep.dataset import (
     write_prepared_files,
 )
 from prep.settings import PrepSection
-from prep.sources.textcls import RawText, read_classes, read_generic, read_zhang_csv
+from prep.sources.textcls import (
+    FIELD_SEPARATOR,
+    RawText,
+    read_classes,
+    read_generic,
+    read_zhang_csv,
+    repair_escapes,
+)
+from prep.tokenize import lone_surrogate, normalize, strip_controls
 from prep.vocab import build_char_vocabulary, build_word_vocabulary
 from vsecore import console
 from vsecore.errors import UserError
 from vsecore.io import atomic_directory, exclusive_lock, remove_stale_siblings
 
 TASK = "textcls"
+#: ``text_repairs`` of a dataset whose texts went through :func:`prep.sources.textcls.repair_escapes`
+ZHANG_REPAIRS = "zhang"
+
+
+def encoder_text(text: str, repairs: str | None) -> tuple[str, Counter]:
+    """A text as a classification encoder sees it (before its codec lowercases and cuts it): ``(text,
+    repair counts)``. The one function ``prep textcls`` applies to every row and ``train predict`` to
+    every new text.
+
+    ``repairs``: :data:`ZHANG_REPAIRS` decodes the Zhang files' escapes
+    (:func:`prep.sources.textcls.repair_escapes`), ``None`` none. Then control and invisible format
+    characters are removed (``control_characters``) and :func:`prep.tokenize.normalize` runs (NFKC; tabs,
+    new lines and runs of spaces become one space; stripped). A lone surrogate is a :class:`UserError`.
+    """
+    counts: Counter = Counter()
+    if repairs == ZHANG_REPAIRS:
+        text, counts = repair_escapes(text)
+    elif repairs is not None:
+        raise UserError(f"unknown text repairs {repairs!r} (this toolkit knows '{ZHANG_REPAIRS}')")
+    if not text.isprintable():  # the rare text with a control, a surrogate or a tab: look closer
+        at = lone_surrogate(text)
+        if at is not None:
+            raise UserError(f"the text holds a lone surrogate (U+{ord(text[at]):04X}) at character {at}, "
+                            "which is not Unicode text")
+        text, removed = strip_controls(text)
+        if removed:
+            counts["control_characters"] += removed
+    return normalize(text), counts
+
+
+def is_blank(text: str) -> bool:
+    """Whether an :func:`encoder_text` holds nothing to classify: empty, or only field separators."""
+    return not text.replace(FIELD_SEPARATOR, "").strip()
 
 
 def stratified_take(labels: np.ndarray, fraction: float, rng: np.random.Generator) -> np.ndarray:
@@ -182,12 +226,28 @@ def _tokenize(texts: list[str], langs: list[str], lowercase: bool, wheres: list[
 def build_textcls(s: PrepSection) -> tuple[dict[str, Any], dict[str, Any], list[Path]]:
     """``(dataset.json content, record parts, inputs)``: rows read, split, cleaned and tokenized."""
     rows, splits, labels, names, inputs = read_textcls(s)
+    repairs = ZHANG_REPAIRS if s.text_format == "zhang" else None
     kept: list[tuple[RawText, str, str, str, int]] = []
-    cleaner = TextCleaner(s.lowercase, noun="text")  # as prep cleans captions
+    repaired: Counter = Counter()
+    record: dict[str, Any] = {"text_repairs": repairs, "dropped": {}, "dropped_first": [], "repaired": {},
+                              "repaired_texts": 0, "repaired_first": []}
     for row, split, label in zip(rows, splits, labels, strict=True):
-        text = cleaner.clean(row.text, row.where)
-        if text is not None:
-            kept.append((row, split, text, row.lang or s.lang, label))
+        try:
+            text, counts = encoder_text(row.text, repairs)
+        except UserError as exc:
+            raise UserError(f"{row.where}: {exc}; fix the source file") from None
+        if counts:
+            repaired.update(counts)
+            record["repaired_texts"] += 1
+            if len(record["repaired_first"]) < LIST_FIRST:
+                record["repaired_first"].append(row.where)
+        if is_blank(text):
+            record["dropped"]["empty_texts"] = record["dropped"].get("empty_texts", 0) + 1
+            if len(record["dropped_first"]) < LIST_FIRST:
+                record["dropped_first"].append(row.where)
+            continue
+        kept.append((row, split, text, row.lang or s.lang, label))
+    record["repaired"] = dict(sorted(repaired.items()))
     tokenized = _tokenize([k[2] for k in kept], [k[3] for k in kept], s.lowercase, [k[0].where for k in kept])
     items = []
     for n, ((row, split, _, lang, label), (text, toks)) in enumerate(zip(kept, tokenized, strict=True)):
@@ -196,9 +256,6 @@ def build_textcls(s: PrepSection) -> tuple[dict[str, Any], dict[str, Any], list[
     languages = sorted({it["lang"] for it in items})
     dataset = {"dataset": s.name or _default_name(inputs[0]), "task": TASK, "format_version": FORMAT_VERSION,
                "labels": names, "languages": languages, "items": items}
-    record = {"dropped": dict(cleaner.dropped), "dropped_first": cleaner.dropped_first}
-    if cleaner.repaired:
-        record.update(repaired=dict(cleaner.repaired), repaired_first=cleaner.repaired_first)
     return dataset, record, inputs
 
 
@@ -264,8 +321,11 @@ def run_textcls_prep(settings: PrepSection, overwrite: bool = False) -> Path:
         raise error from None
     parts = [f"{sp} {record['counts'][sp]['texts']:,}" for sp in SPLITS]
     dropped = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in record["dropped"].items()) or "none"
+    repaired = ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in record["repaired"].items())
+    repaired = f"{record['repaired_texts']:,} texts ({repaired})" if repaired else "none"
     console.result(f"prep textcls: {'; '.join(parts)} texts; {len(dataset['labels'])} classes; languages "
-                   f"{', '.join(dataset['languages'])}; dropped: {dropped}; {record['vocabulary']['chars']} "
+                   f"{', '.join(dataset['languages'])}; dropped: {dropped}; repaired: {repaired}; "
+                   f"{record['vocabulary']['chars']} "
                    f"chars, {record['vocabulary']['words']} words -> {out}")
     return out
 

@@ -41,9 +41,10 @@ def test_zhang_dialect_quotes_escaped_newlines_and_one_based_labels(tmp_path: Pa
     ])
     rows = read_zhang_csv(path, 2)
     assert [r.label for r in rows] == [0, 1, 0]
-    assert rows[0].text == 'Title "quoted" first line\nsecond line'
-    assert rows[1].text == "Multi\nline title plain, with a comma"
-    assert rows[2].text == " only a description"
+    # the fields as the file holds them, joined by the separator (the escapes are decoded by encoder_text)
+    assert rows[0].text == 'Title "quoted" \u00b6 first line\\nsecond line'
+    assert rows[1].text == "Multi\nline title \u00b6 plain, with a comma"
+    assert rows[2].text == " \u00b6 only a description"
     assert [r.where for r in rows] == ["train.csv:1", "train.csv:2", "train.csv:4"]
 
 
@@ -144,7 +145,7 @@ def test_official_test_kept_val_carved_from_train_and_vocabularies_from_train_on
     assert ds.labels == ["World", "Sports"] and ds.name == "raw"
     assert [len(ds.rows(s)) for s in ("train", "val", "test")] == [30, 10, 2]
     assert sorted(np.bincount(ds.targets[ds.rows("val")]).tolist()) == [5, 5]
-    assert [ds.texts[k] for k in ds.rows("test")] == ["Zürich qqq unseenword", "x y"]
+    assert [ds.texts[k] for k in ds.rows("test")] == ["Zürich qqq \u00b6 unseenword", "x \u00b6 y"]
     assert "ü" not in ds.chars and "q" not in ds.chars and "a" in ds.chars
     assert "unseenword" not in ds.words and "paris" in ds.words
     record = json.loads((out / "prep.json").read_text())
@@ -284,7 +285,8 @@ def test_predict_evaluate_and_load_run(prepared: Path, tmp_path: Path, capsys) -
     file.write_text("\n".join(texts) + "\n\n", encoding="utf-8")
     assert train_main(["predict", "--run", str(run_dir), "--file", str(file)]) == 0
     plain = capsys.readouterr().out.splitlines()
-    assert [p.split("\t")[0] for p in plain] == [x["label"] for x in lines]
+    # every line answered in order: the trailing blank line gets the empty answer
+    assert [p.split("\t")[0] for p in plain] == [x["label"] for x in lines] + [""]
     assert train_main(["predict", "--run", str(run_dir)]) == 2
     # retrieval commands refuse a classification run in one line
     assert train_main(["query", "--run", str(run_dir), "--text", "x"]) == 2

@@ -34,6 +34,9 @@ def write(folder: Path, rows: list[str]) -> Path:
     return path
 
 
+SEP = "\u00b6"  # prep.sources.textcls.FIELD_SEPARATOR: title and description joined
+
+
 def test_controls_escapes_and_invisible_characters_are_removed_and_counted(tmp_path: Path) -> None:
     hostile = ['"1","nul","a\x00b"', '"2","ansi","\x1b[31mred\x1b[0m text"',
                '"1","rtl","abc \u202edcba\u202c end"', '"2","zero","\u200b\u200b\u200b"',
@@ -42,12 +45,15 @@ def test_controls_escapes_and_invisible_characters_are_removed_and_counted(tmp_p
     assert done.returncode == 0, done.stderr
     items = json.loads((tmp_path / "out" / "dataset.json").read_text())["items"]
     texts = {it["text"] for it in items}
-    assert {"nul ab", "ansi red text", "rtl abc dcba end", "soft hyphen bom"} <= texts
+    expected = {f"nul {SEP} ab", f"ansi {SEP} red text", f"rtl {SEP} abc dcba end", f"soft {SEP} hyphen bom"}
+    assert expected <= texts
     assert not any(c in t for t in texts for c in "\x00\x1b\u202e\u202c\u200b\u00ad\ufeff")
     symbols = json.loads((tmp_path / "out" / "chars.json").read_text())["symbols"]
     assert not any(c in symbols for c in "\x00\x1b\u202e\u200b")
     record = json.loads((tmp_path / "out" / "prep.json").read_text())
-    assert record["repaired"] == {"control_characters": 5} and "zero" in texts
+    # occurrences removed, and the texts they were in
+    assert record["repaired"] == {"control_characters": 10} and record["repaired_texts"] == 5
+    assert f"zero {SEP}" in texts
     assert record["repaired_first"] == [f"train.csv:{line}" for line in range(13, 18)]
     # a row of nothing but zero-width spaces is empty: dropped and counted
     done = prep_textcls(write(tmp_path / "in2", ROWS + ['"1","\u200b","\u200b\u200b"']), tmp_path / "out2")

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from prep.textcls import TextClsDataset
+from prep.textcls import TextClsDataset, encoder_text, is_blank
 from train.classification.metrics import classification_metrics
 from train.classification.model import (
     TASK,
@@ -71,10 +71,28 @@ class ClassificationRun:
         """How the run's encoder reads texts (over the training data's vocabulary)."""
         return classifier_codec(self.settings, self.dataset)
 
+    @property
+    def text_repairs(self) -> str | None:
+        """The repairs ``prep textcls`` made to the run's texts (its ``prep.json``'s ``text_repairs``)."""
+        return self.dataset.record.get("text_repairs")
+
+    def encoder_texts(self, texts: Sequence[str]) -> list[str]:
+        """New texts as the encoder sees them: :func:`prep.textcls.encoder_text` with the dataset's repairs,
+        the very function ``prep textcls`` applied to the training texts."""
+        repairs = self.text_repairs
+        return [encoder_text(t, repairs)[0] for t in texts]
+
+    def blank(self, texts: Sequence[str]) -> list[bool]:
+        """Whether each new text holds nothing to classify once read (:func:`prep.textcls.is_blank`: the
+        texts ``prep textcls`` drops)."""
+        return [is_blank(t) for t in self.encoder_texts(texts)]
+
     def probabilities(self, texts: Sequence[str]) -> torch.Tensor:
-        """Class probabilities (M, K) of new texts (tokenized as ``prep`` does for word encoders)."""
+        """Class probabilities (M, K) of new texts, read as :meth:`encoder_texts` (then tokenized as
+        ``prep`` does for word encoders)."""
         codec = self.codec
-        items = LabelledTexts(codec.encode_texts(list(texts)), np.zeros(len(texts), dtype=np.int64), codec)
+        codes = codec.encode_texts(self.encoder_texts(texts))
+        items = LabelledTexts(codes, np.zeros(len(texts), dtype=np.int64), codec)
         return torch.softmax(predict_logits(self.model, items, self.device, self.settings.amp), dim=1)
 
     def predict(self, texts: Sequence[str]) -> list[tuple[str, float]]:

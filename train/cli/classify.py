@@ -47,38 +47,47 @@ def _classify_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_lines(file: str) -> list[str]:
+    """The lines of ``file`` (``-``: stdin), split on new lines only (a form feed or U+2028 inside a line
+    is part of it, as an editor numbers lines), a final new line ending the last line."""
+    path = Path(file)
+    try:
+        body = sys.stdin.read() if file == "-" else path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    lines = [line.removesuffix("\r") for line in body.split("\n")]
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
+
 def _predict_command(args: argparse.Namespace) -> int:
     run_dir = run_from_arguments(args)
     if (args.text is None) == (args.file is None):
         raise UserError("give --text TEXT... or --file texts.txt (one text per line)")
-    if args.file is not None:
-        path = Path(args.file)
-        try:
-            texts = path.read_text(encoding="utf-8").splitlines() if args.file != "-" else sys.stdin.read(
-                ).splitlines()
-        except FileNotFoundError:
-            raise UserError(f"{path}: no such file") from None
-        except UnicodeDecodeError as exc:
-            raise UserError(f"{path}: not UTF-8 text ({exc.reason})") from None
-        texts = [t for t in texts if t.strip()]
-    else:
-        texts = list(args.text)
+    texts = _read_lines(args.file) if args.file is not None else list(args.text)
     if not texts:
         raise UserError("no texts to classify")
     if not is_classification_run(run_dir):
         raise UserError(f"{run_dir}: a retrieval run; `train predict` needs a `train classify` run (see "
                         "`train query` for retrieval)")
     run = load_classification_run(run_dir, args.checkpoint, args.device)
-    probs = run.probabilities(texts)
-    for text, row in zip(texts, probs, strict=True):
-        best = int(row.argmax())
+    # a text with nothing left for the encoder (a blank line) gets an empty answer in its place
+    answered = [k for k, blank in enumerate(run.blank(texts)) if not blank]
+    found = run.probabilities([texts[k] for k in answered]) if answered else []
+    probs = dict(zip(answered, found, strict=True))
+    for k, text in enumerate(texts):
+        row = probs.get(k)
+        best = int(row.argmax()) if row is not None else None
         if args.json:
-            every = {n: round(float(p), 6) for n, p in zip(run.labels, row, strict=True)}
-            record = {"text": text, "label": run.labels[best], "probability": round(float(row[best]), 6),
-                      "probabilities": every}
+            record = {"text": text, "label": None, "probability": None, "probabilities": None}
+            if row is not None:
+                every = {n: round(float(p), 6) for n, p in zip(run.labels, row, strict=True)}
+                record.update(label=run.labels[best], probability=round(float(row[best]), 6),
+                              probabilities=every)
             print(json.dumps(record, ensure_ascii=False))
         else:
-            print(f"{run.labels[best]}\t{float(row[best]):.4f}\t{text}")
+            print(f"{run.labels[best]}\t{float(row[best]):.4f}\t{text}" if row is not None else f"\t\t{text}")
     return 0
 
 
@@ -160,11 +169,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     q = sub.add_parser(
         "predict", help="label new texts with a classification run (label and probability)",
         description="Classify texts with a `train classify` run: one line per text, 'LABEL<TAB>PROBABILITY"
-        "<TAB>TEXT', or with --json one JSON object per text with every class's probability.",
+        "<TAB>TEXT', or with --json one JSON object per text with every class's probability. Output line k "
+        "answers input line k: a blank text (nothing left once read as the training texts were) gets an "
+        "empty answer, '<TAB><TAB>TEXT' (JSON: label, probability and probabilities null). A text is read "
+        "exactly as `prep textcls` read the training texts (AG News: escapes decoded, tabs and runs of "
+        "spaces one space); a title and a description join as 'TITLE \u00b6 DESCRIPTION', as in training.",
         formatter_class=HelpFormatter)
     add_run_arguments(q)
     q.add_argument("--text", nargs="+", default=None, metavar="TEXT", help="texts to classify")
-    q.add_argument("--file", default=None, metavar="texts.txt", help="one text per line ('-': stdin)")
+    q.add_argument("--file", default=None, metavar="texts.txt",
+                   help="one text per line ('-': stdin); every line answered in order, a blank one with an "
+                        "empty answer")
     q.add_argument("--json", action="store_true", help="JSON lines with all probabilities")
     add_checkpoint_argument(q, "checkpoint of the run")
     add_device_argument(q)

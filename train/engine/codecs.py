@@ -91,10 +91,12 @@ class TextCodec:
         return out
 
     def encode_texts(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """New texts (not from the prepared dataset) -> their codes, tokenized as ``prep`` does."""
-        if self.kind == "chars":
-            return [self.encode(t, ()) for t in texts]
+        """New texts (not from the prepared dataset) -> their codes: normalised as ``prep`` normalises
+        every text (:func:`prep.tokenize.normalize`: NFKC, tabs and runs of spaces one space) for every
+        kind of encoder, then tokenized as ``prep`` does for the word encoders."""
         normalized = [normalize(t) for t in texts]
+        if self.kind == "chars":
+            return [self.encode(t, ()) for t in normalized]
         token_lists = tokenize(normalized, self.lang, self.vocab.lowercase) if normalized else []
         return [self.encode(t, toks) for t, toks in zip(normalized, token_lists, strict=True)]
 
