@@ -152,6 +152,9 @@ class StoreRows:
         self.valid = np.asarray(valid, dtype=bool)
         self.state = state
         self._store: FeatureStore | None = store
+        #: the array's identity when opened: every read checks it still has it (a worker that reopens
+        #: the store compares with this one too)
+        self._identity = store.array_identity(name)
         self._array: StoreArray | None = store.array(name)
         self.shape: tuple[int, ...] = tuple(int(v) for v in self._array.shape)
         self.dtype = np.dtype(self._array.dtype)
@@ -210,6 +213,7 @@ class StoreRows:
         with consistent_read(store):
             out = self._read(array, unique)
             store.check_unchanged(self.state)
+            store.check_array_unchanged(self.name, self._identity)
         bad = first_nonfinite_row(out, self.valid[unique])
         if bad is not None:
             row = int(unique[bad])

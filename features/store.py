@@ -42,6 +42,7 @@ one-line error (``docs/safety.md``, "Feature stores").
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -67,7 +68,7 @@ from features.store_layout import (
     shape_attr,
 )
 from vsecore.errors import UserError
-from vsecore.io import atomic_directory, regular_file_size
+from vsecore.io import atomic_directory, lock_holder, regular_file_size
 from vsecore.version import code_version
 
 #: version of the on-disk layout written into the store's attributes
@@ -271,6 +272,32 @@ class FeatureStore:
         """Whether the array ``name`` (e.g. ``"global"``, ``"fne/ternary"``) exists."""
         return self._exists(self._resolve(name))
 
+    def array_identity(self, name: str) -> tuple[str, int, str] | None:
+        """What array ``name`` is now: ``(its folder, the folder's inode, a digest of its zarr.json)``,
+        or ``None`` while it is missing (a ``--rethreshold`` swap between its renames).
+
+        A reader takes it before and after reading the array's rows: any replacement of the array in
+        between (a swap renames folders and gives the new array its own ``written`` token) changes it,
+        whatever the store's attributes say (:meth:`check_array_unchanged`).
+        """
+        real = self._resolve(name)
+        folder = self.path / real
+        try:
+            inode = os.stat(folder).st_ino
+            meta = (folder / "zarr.json").read_bytes()
+        except OSError:
+            return None
+        return real, inode, hashlib.sha256(meta).hexdigest()
+
+    def check_array_unchanged(self, name: str, before: tuple[str, int, str] | None) -> None:
+        """A one-line UserError unless array ``name`` is still the one :meth:`array_identity` gave as
+        ``before`` (it was replaced while its rows were read)."""
+        if before is None or self.array_identity(name) != before:
+            holder = lock_holder(self.path)
+            by = f" by {holder}" if holder else ""
+            raise UserError(f"{self.path}: array '{name}' was rewritten{by} while it was being read; read "
+                            "it again (when that command has finished)")
+
     def array(self, name: str) -> StoreArray:
         """The array ``name`` (see :class:`StoreArray`); a missing or unreadable one is a UserError."""
         real = self._resolve(name)
@@ -310,7 +337,10 @@ class FeatureStore:
         raw = self.array("fne/raw")
         new = self.group.create_array(TERNARY_NEW, shape=raw.shape, chunks=raw.chunks, dtype="int8",
                                       fill_value=0, config=ARRAY_CONFIG)
-        new.attrs.update({"thresholds": [float(t) for t in thresholds], "complete": False})
+        # ``written``: a token of its own, so that a reader can tell this array from any earlier one with
+        # the same thresholds (:meth:`array_identity`)
+        new.attrs.update({"thresholds": [float(t) for t in thresholds], "complete": False,
+                          "written": uuid.uuid4().hex})
         write(StoreArray(self, TERNARY_NEW, new))
         new.attrs["complete"] = True
         with self.rewriting("replacing fne/ternary"):
@@ -433,8 +463,6 @@ class FeatureStore:
         A ``rewriting`` marker without a live lock holder was left by a killed writer: each of its
         steps leaves the store readable (:meth:`replace_ternary`), so it does not stop readers.
         """
-        from vsecore.io import lock_holder
-
         state = state or self.state()
         if state.rewriting or not state.complete:
             holder = lock_holder(self.path)
@@ -448,8 +476,6 @@ class FeatureStore:
 
     def check_unchanged(self, before: StoreState) -> None:
         """A one-line UserError if the store changed since ``before`` (a rewrite overlapped a read)."""
-        from vsecore.io import lock_holder
-
         if self.state().generation != before.generation:
             holder = lock_holder(self.path)
             by = f" by {holder}" if holder else ""

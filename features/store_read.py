@@ -111,7 +111,11 @@ def _read_checked(store: FeatureStore, path: Path, name: str) -> tuple[np.ndarra
     their records (:func:`check_row_records`), is a UserError."""
     valid = np.asarray(store.array("valid")[:], dtype=bool)
     check_row_records(store, valid)
+    # the store's generation catches a rewrite; the array's own identity catches its replacement by
+    # --rethreshold's swap even without it (a second, independent check)
+    identity = store.array_identity(name)
     stored = np.asarray(store.array(name)[:])
+    store.check_array_unchanged(name, identity)
     bad = first_nonfinite_row(stored, valid)  # int8 ternary rows are always finite
     if bad is not None:
         raise UserError(f"{path}: row {bad} (imgid {bad}) of '{name}' is marked valid but is not finite "

@@ -245,9 +245,38 @@ def test_reader_racing_rethreshold_sees_one_version_or_is_told(tmp_path):
 
     results, refused = race(lambda: read_matrix(f"{path}:fne", keep_dtype=True)[0], writer, pause=0.05)
     mixed = [x for x in results if not any(np.array_equal(x, v) for v in versions)]
-    assert not mixed, f"{len(mixed)} of {len(results)} reads mixed two versions"
+    rows_of = [[np.flatnonzero((x == v).all(axis=1) & ~(x == w).all(axis=1)).tolist() for v, w in
+                (versions, versions[::-1])] for x in mixed]
+    assert not mixed, f"{len(mixed)} of {len(results)} reads mixed two versions (rows of each: {rows_of})"
     assert refused and results, (len(refused), len(results))
     assert all("being rewritten" in m or "rewritten" in m or "being written" in m for m in refused), refused
+
+
+def test_a_ternary_swapped_under_a_reader_is_told_by_the_array_itself(tmp_path, monkeypatch):
+    """The array's own identity is a second check, independent of the store's generation: with the
+    generation check disabled, a --rethreshold swap between opening the array and reading it is still
+    a one-line error, never the rows of another version."""
+    from features.run import rethreshold_store
+    from features.store_array import StoreArray
+
+    path = synthetic_fne_store(tmp_path / "f.zarr")
+    monkeypatch.setattr(FeatureStore, "check_unchanged", lambda self, before: None)
+    real_getitem = StoreArray.__getitem__
+    swapped = []
+
+    def swap_first(self, key):
+        if self.name == "fne/ternary" and not swapped:
+            swapped.append(True)
+            rethreshold_store(path, -1.0, 1.0)
+        return real_getitem(self, key)
+
+    monkeypatch.setattr(StoreArray, "__getitem__", swap_first)
+    with pytest.raises(UserError, match="array 'fne/ternary' was rewritten while it was being read"):
+        read_matrix(f"{path}:fne", keep_dtype=True)
+    assert swapped
+    x, _ = read_matrix(f"{path}:fne", keep_dtype=True)  # read again: the new version, whole
+    store = FeatureStore(path)
+    assert store.array("fne/ternary").attrs["thresholds"] == [-1.0, 1.0] and x.dtype == np.int8
 
 
 def test_a_reader_that_sees_the_new_ternary_vanish_takes_the_swapped_one(tmp_path, monkeypatch):
