@@ -61,7 +61,7 @@ from train.run.checkpoint import (
 )
 from train.run.layout import BEST, CURVES, LAST, TENSORBOARD, RunDir
 from vsecore.console import progress
-from vsecore.errors import UserError
+from vsecore.errors import UserError, resume_hint
 from vsecore.io import write_json_atomic
 
 
@@ -188,13 +188,20 @@ class Trainer:
             "settings": self.settings.model_dump(),
         }
 
-    def resume(self, log: Callable[[str], None]) -> Path:
+    def resume(self, log: Callable[[str], None]) -> Path | None:
         """Load the newest consistent checkpoint (``last.pt`` or ``best.pt``, whichever has gone further,
         :func:`train.run.checkpoint.newest_checkpoint`) after checking its tensor shapes against the model and
-        optimiser; a run extended by a larger ``--epochs`` goes on. Returns the file resumed from."""
+        optimiser; a run extended by a larger ``--epochs`` goes on. Returns the file resumed from.
+
+        A run stopped before its first checkpoint starts from the first step (said in one line; None is
+        returned). A run stopped between an epoch's ``best.pt`` and its ``last.pt`` gets the ``last.pt``
+        that epoch would have written before it goes on (or ends, when that epoch was its last), so every
+        file of the run ends as an uninterrupted run leaves it."""
         found = newest_checkpoint(self.checkpoint_dir, (LAST, BEST))
         if found is None:
-            raise UserError(f"{self.run_dir}: nothing to resume (no checkpoints/{LAST} or {BEST})")
+            log(f"resuming {self.run_dir}: no checkpoint yet (stopped before the first one), so starting "
+                "from the first step")
+            return None
         path, state = found
         check_model_state(self.model, state["model"], str(path))
         check_optimizer_state(self.optimizer, state.get("optimizer", {}), str(path))
@@ -211,6 +218,10 @@ class Trainer:
         if not self.finished and not self.can_continue() and self._has_next_phase():
             # best.pt written at the end of a phase, before the next one began (killed writing last.pt)
             self._next_phase()
+        if path.name == BEST:  # best.pt is newer only when its epoch's last.pt was never written
+            self.save(LAST)
+        if self.history:
+            self._plot_curves()
         return path
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -251,14 +262,19 @@ class Trainer:
 
     # -- the loop ----------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
-        """Train until ``epochs``, early stopping or the end of a resumed run; returns the last record."""
+        """Train until ``epochs``, early stopping or the end of a resumed run; returns the last record.
+
+        An interruption or a disk error on the way ends with what the run directory kept (``epoch 3
+        kept: re-run with --resume``, :meth:`train.run.layout.RunDir.kept`) in its one-line message, for
+        every task that trains with this loop."""
         s = self.settings
-        while not self.finished and self.phase_epochs < s.epochs:
-            self._train_epoch()
-            self._end_epoch()
-        if not self.finished:  # reached the maximum number of epochs
-            self.finished = True
-            self.save(LAST)
+        with resume_hint(RunDir(self.run_dir).kept):
+            while not self.finished and self.phase_epochs < s.epochs:
+                self._train_epoch()
+                self._end_epoch()
+            if not self.finished:  # reached the maximum number of epochs
+                self.finished = True
+                self.save(LAST)
         return self.history[-1] if self.history else {}
 
     def _train_epoch(self) -> None:
@@ -308,6 +324,11 @@ class Trainer:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
         self.optimizer.step()
         return float(loss.detach())
+
+    def _plot_curves(self) -> None:
+        """``curves.png`` of the history so far."""
+        plot_training_curves(self.history, self.run_dir / CURVES, title=self.run_dir.name,
+                             score_label=self.score_label.replace("val ", "validation "))
 
     def _tensorboard(self, record: dict[str, Any]) -> None:
         """Per-epoch scalars in ``RUN_DIR/tensorboard`` when TensorBoard is installed (else nothing)."""
@@ -384,8 +405,7 @@ class Trainer:
             self._next_phase()
         self.save(LAST)
         self.write_metrics()
-        plot_training_curves(self.history, self.run_dir / CURVES, title=self.run_dir.name,
-                             score_label=self.score_label.replace("val ", "validation "))
+        self._plot_curves()
         self._tensorboard(record)
         note = " (best)" if improved else f" ({self.bad_epochs} without improvement)"
         if self.finished and self.bad_epochs >= s.early_stop:

@@ -59,6 +59,9 @@ TEST_EVAL = "test.json"
 #: the evaluate stage's state file of ``train pipeline`` (``<run>/eval`` + ``.stage.json``)
 EVAL_STAGE = "eval.stage.json"
 
+#: what resumes a stopped ``train <family>`` or ``train classify`` run (:meth:`RunDir.kept`)
+RESUME_ADVICE = "re-run with --resume"
+
 #: top-level files train writes into a run directory
 _TOP_FILES = frozenset({RUN_MARKER, CONFIG, METRICS, CURVES, TRAIN_LOG, EVAL_STAGE})
 _CHECKPOINT_FILES = RUN_CHECKPOINT_FILES
@@ -193,9 +196,9 @@ class RunDir:
                 foreign.append(name)
         return foreign
 
-    def kept(self) -> str | None:
+    def kept(self, advice: str = RESUME_ADVICE) -> str | None:
         """What a stopped training run keeps, for :func:`vsecore.errors.resume_hint`, e.g. ``epoch 3 kept:
-        re-run with --resume``; None without a checkpoint."""
+        re-run with --resume`` (``advice``: what resumes it); None without a checkpoint."""
         if not (self.last.is_file() or self.best.is_file()):
             return None
         try:
@@ -203,7 +206,7 @@ class RunDir:
         except OSError:
             epochs = 0
         where = f"epoch {epochs}" if epochs else "a checkpoint of epoch 1"
-        return f"{where} kept: re-run with --resume"
+        return f"{where} kept: {advice}"
 
     # -- the rules ----------------------------------------------------------------------------------
     def check(self, resume: bool, overwrite: bool, inputs: Iterable[str | os.PathLike | None] = ()) -> None:
@@ -228,10 +231,11 @@ class RunDir:
             if not self.is_run():
                 raise UserError(f"no run at {path} to resume (no {RUN_MARKER}, or {CONFIG} beside "
                                 f"{CHECKPOINTS}/); drop --resume to start one")
-            if not (self.last.is_file() or self.best.is_file()):
-                raise UserError(f"{path}: nothing to resume (no {CHECKPOINTS}/{LAST} or {BEST}); drop "
-                                "--resume to start")
-            return
+            if not (self.last.is_file() or self.best.is_file() or self.config.is_file()):
+                # without config.json the plain command starts it (holds_run is False): no loop of refusals
+                raise UserError(f"{path}: nothing to resume (no {CHECKPOINTS}/{LAST}, {BEST} or {CONFIG}); "
+                                "drop --resume to start")
+            return  # a run stopped before its first checkpoint starts from the first step (the trainer)
         if not (path.is_dir() and any(path.iterdir())):
             return
         foreign = self.foreign_entries()
