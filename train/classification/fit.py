@@ -29,11 +29,13 @@ from train.classification.model import (
     TASK,
     ClassificationObjective,
     LabelledTexts,
+    NoisyTexts,
     build_classifier,
     classifier_codec,
     encoder_spec,
     labelled_texts,
     predict_logits,
+    with_training_noise,
 )
 from train.engine.codecs import TextCodec
 from train.engine.settings import DRY_RUN_ALPHABET, ClassifySection
@@ -82,6 +84,12 @@ class ClassificationTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.labels = list(labels)
 
+    def _train_epoch(self) -> None:
+        # --train-noise: the epoch about to run (also after a resume) decides each text's noise
+        if isinstance(self.train_set, NoisyTexts):
+            self.train_set.epoch = self.epoch
+        super()._train_epoch()
+
     def validate(self) -> tuple[float, dict[str, Any]]:
         """Accuracy (%) on the validation texts and ``{"accuracy", "macro_f1"}``."""
         logits = predict_logits(self.model, self.val_set, self.device, self.settings.amp)
@@ -120,6 +128,7 @@ def _check_resumable(run_dir: Path, new: dict[str, Any]) -> None:
         raise UserError(f"{run_dir}: cannot resume: not a classification run")
 
     def flat(c: dict[str, Any]) -> dict[str, Any]:
+        c["settings"].setdefault("train_noise", 0.0)  # a run from before --train-noise trained without
         out = {f"settings.{k}": v for k, v in c["settings"].items() if k not in RESUMABLE_CHANGES}
         out.update({f"fingerprints.{k}": v for k, v in c["fingerprints"].items()})
         out.update({"vocab_size": c["vocab_size"], "labels": c["labels"]})
@@ -180,7 +189,8 @@ def _train(settings: ClassifySection, run_dir: Path, resume: bool, log: Callable
     torch.manual_seed(settings.seed)
     model = build_classifier(settings, codec.vocab_size, len(dataset.labels))
     config["parameters"] = model.parameter_report()
-    trainer = ClassificationTrainer(settings, model, ClassificationObjective(), sets["train"], sets["val"],
+    train = with_training_noise(sets["train"], settings.train_noise, settings.seed)
+    trainer = ClassificationTrainer(settings, model, ClassificationObjective(), train, sets["val"],
                                     run_dir, device, log=log, labels=dataset.labels)
     if resume:
         _check_resumable(run_dir, config)

@@ -16,6 +16,7 @@ from torch import nn
 from prep.textcls import TextClsDataset
 from train.engine.codecs import TextCodec, codec_for
 from train.engine.inference import embed_codes
+from train.engine.noise import caption_alphabet, training_noise
 from train.engine.settings import ClassifySection
 from train.models.family import model_spec
 from train.models.registry import ModelSpec, count_parameters, create_text_encoder
@@ -52,6 +53,34 @@ class LabelledTexts:
         idx = [int(k) for k in indices]
         tokens, lengths = self.codec.collate([self.codes[k] for k in idx])
         return TextBatch(tokens, lengths, torch.from_numpy(self.labels[idx]))
+
+
+@dataclass
+class NoisyTexts(LabelledTexts):
+    """Training texts read with ``ratio`` of their characters replaced (``--train-noise``), drawn afresh each
+    epoch (:func:`train.engine.noise.training_noise`, seeded by ``seed``, the epoch and the text), from the
+    training texts' alphabet, then encoded as new texts are (:meth:`TextCodec.encode_texts`), as the
+    ``--noise`` evaluation encodes its noisy texts. ``epoch`` is set by the trainer before each epoch."""
+
+    ratio: float = 0.0
+    seed: int = 0
+    epoch: int = 0
+    alphabet: list[str] = field(default_factory=list)
+
+    def batch(self, indices: Sequence[int] | np.ndarray) -> TextBatch:
+        """The texts ``indices`` with this epoch's noise, collated: :class:`TextBatch`."""
+        idx = [int(k) for k in indices]
+        noisy = training_noise(self.texts, idx, self.ratio, self.alphabet, self.seed, self.epoch)
+        tokens, lengths = self.codec.collate(self.codec.encode_texts(noisy))
+        return TextBatch(tokens, lengths, torch.from_numpy(self.labels[idx]))
+
+
+def with_training_noise(texts: LabelledTexts, ratio: float, seed: int) -> LabelledTexts:
+    """``texts`` as :class:`NoisyTexts` at ``ratio`` (``texts`` itself when ``ratio`` is 0)."""
+    if ratio <= 0:
+        return texts
+    return NoisyTexts(texts.codes, texts.labels, texts.codec, texts.texts, ratio=ratio, seed=seed,
+                      alphabet=caption_alphabet(texts.texts))
 
 
 def encoder_spec(settings: ClassifySection) -> ModelSpec:

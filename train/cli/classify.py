@@ -203,3 +203,7 @@ def _optimisation_options(o: argparse._ArgumentGroup) -> None:
     o.add_argument("--grad-clip", dest="grad_clip", type=float, default=None,
                    help="clip the gradient norm; 0 disables (default 5.0)")
     o.add_argument("--seed", type=int, default=None, help="seed of initialisation and shuffling (default 0)")
+    o.add_argument("--train-noise", dest="train_noise", type=float, default=None, metavar="P",
+                   help="replace this ratio of each training text's characters, as `train evaluate --noise` "
+                        "does, drawn afresh every epoch (seeded by --seed, the epoch and the text; exact on "
+                        "--resume); 0: none (default 0)")

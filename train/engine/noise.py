@@ -77,3 +77,17 @@ def add_character_noise(texts: Sequence[str], ratio: float, alphabet: Sequence[s
             chars[pos] = symbols[draw]
         noisy.append("".join(chars))
     return noisy
+
+
+def training_noise(texts: Sequence[str], indices: Sequence[int], ratio: float, alphabet: Sequence[str],
+                   seed: int, epoch: int) -> list[str]:
+    """Texts ``indices`` of a training set with :func:`add_character_noise` at ``ratio`` (``--train-noise``).
+
+    Each text's draw is seeded by ``(seed, epoch, index)`` alone: fresh every epoch, and the same whatever
+    the batch, its order, the workers or a resume in the middle of the epoch.
+    """
+    out = []
+    for k in indices:
+        rng = np.random.default_rng([seed, epoch, int(k)])
+        out.extend(add_character_noise([texts[int(k)]], ratio, alphabet, rng))
+    return out

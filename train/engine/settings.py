@@ -175,6 +175,8 @@ class ClassifySection(Section):
     early_stop: int = Field(4, ge=1)
     epochs: int = Field(20, ge=1)
     grad_clip: float | None = Field(5.0, ge=0)
+    #: ratio of each training text's characters replaced, fresh each epoch (``--noise``'s noise); 0: none
+    train_noise: float = Field(0.0, ge=0, lt=1)
     checkpoint_every: int = Field(200, ge=1)
     seed: int = 0
     device: str = "auto"
