@@ -17,21 +17,31 @@ from train.cli.options import add_run_arguments, run_from_arguments
 from train.run.checkpoint import convert_checkpoint
 from train.run.layout import RunDir
 from vsecore import console
-from vsecore.errors import UserError
+from vsecore.errors import UserError, resume_hint
 from vsecore.io import exclusive_lock
 
 
 def convert_run_checkpoints(run_dir: str | Path) -> list[tuple[Path, bool]]:
     """Convert every ``checkpoints/*.pt`` of ``run_dir`` (see the module doc); ``(path, converted)`` each,
-    ``converted`` False for a checkpoint already in format 2. Holds the run directory's lock."""
+    ``converted`` False for a checkpoint already in format 2. Holds the run directory's lock; a failure
+    (a full disk) names what was converted before it."""
     run_dir = Path(run_dir)
     files = sorted(RunDir(run_dir).checkpoints.glob("*.pt"))
     if not files:
         raise UserError(f"{run_dir}: no checkpoints/*.pt to convert")
     console.warning(f"{run_dir}: converting unpickles the checkpoints (torch.load with weights_only=False), "
                     "which runs any code inside them: do this only for runs you wrote or trust")
-    with exclusive_lock(run_dir, "the run directory"):
-        return [(path, convert_checkpoint(path)) for path in files]
+    done: list[tuple[Path, bool]] = []
+
+    def kept() -> str:
+        converted = [p.name for p, c in done if c]
+        return (f"{', '.join(converted) or 'no checkpoint'} converted, the others unchanged: run "
+                "convert-checkpoints again to convert them")
+
+    with exclusive_lock(run_dir, "the run directory"), resume_hint(kept):
+        for path in files:  # a full disk stops at the file it failed on, which stays as it was
+            done.append((path, convert_checkpoint(path)))
+    return done
 
 
 def _command(args: argparse.Namespace) -> int:

@@ -22,8 +22,10 @@ prepared dataset and feature store the settings name, when they exist on this ma
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +33,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import save_file
 
 from features.fne import ternarize
 from features.images import ImageError, load_image
@@ -44,11 +48,24 @@ from train.models.family import model_spec
 from train.models.joint import build_model
 from train.retrieval.loaded import LoadedRun, load_run_directory
 from train.run.checkpoint import check_model_state
-from train.run.config import model_sizes, settings_from_config, validate_config
+from train.run.config import (
+    CLASSIFY_TASK,
+    model_sizes,
+    read_config,
+    settings_from_config,
+    validate_config,
+)
 from train.run.layout import CONFIG
+from vsecore import console
 from vsecore.device import resolve_device
-from vsecore.errors import UserError
-from vsecore.io import atomic_directory, sha256_file, write_json_atomic
+from vsecore.errors import UserError, disk_error_message
+from vsecore.io import (
+    atomic_directory,
+    exclusive_lock,
+    remove_stale_siblings,
+    sha256_file,
+    write_json_atomic,
+)
 from vsecore.version import code_version
 
 MODEL_JSON = "model.json"
@@ -75,23 +92,52 @@ def export_model(run_dir: str | os.PathLike, out: str | os.PathLike, checkpoint:
     """Write the model of ``run_dir``'s ``checkpoints/<checkpoint>.pt`` as a shareable folder ``out``.
 
     ``out`` must not exist, or (with ``overwrite``) be a model folder this command wrote; it is
-    written into a temporary sibling and renamed into place at the end.
+    written into a temporary sibling and renamed into place at the end, holding ``out``'s lock, after
+    removing the temporary siblings (``.NAME.XXXXXXXX.partial``, ``.NAME.old-PID``) an export killed
+    before it left. A full (or read-only) disk is one line saying that nothing was written and what is
+    kept; so is a classification run, which has no retrieval model to share.
     """
-    from safetensors.torch import save_file
-
     if is_model_folder(run_dir):
         raise UserError(f"{run_dir}: already a model folder made by export-model (copy it to share it)")
+    if read_config(run_dir).get("task") == CLASSIFY_TASK:
+        raise UserError(f"{run_dir}: a text classification run; export-model writes retrieval models only "
+                        "(evaluate it with `train evaluate --run`, predict with `train predict`)")
     run = load_run_directory(run_dir, checkpoint, "cpu")
     out = Path(out)
+    _check_model_out(out, overwrite)
+    key, store_config = _store_config(run.settings.features)
+    model_json = _model_json(run, run_dir, checkpoint, key, store_config)
+    with exclusive_lock(out, "this model folder"):
+        for stale in remove_stale_siblings(out):
+            console.warning(f"export-model: removed {stale.name} (left by a killed export)")
+        _check_model_out(out, overwrite)  # again, holding the lock: another export may have written it
+        existed = out.exists()
+        try:
+            _write_model_folder(out, run, model_json, key)
+        except (OSError, SafetensorError) as exc:
+            reason = _disk_reason(exc, out)
+            if reason is None:
+                raise
+            kept = f"the model folder already at {out} is unchanged" if existed else "nothing was written"
+            raise UserError(f"{reason}; {kept}") from None
+    return out
+
+
+def _check_model_out(out: Path, overwrite: bool) -> None:
+    """``--out`` of export-model: new, or with ``overwrite`` a model folder this command wrote."""
     if out.exists():
         if not overwrite:
             raise UserError(f"{out}: already exists; give another --out or --overwrite")
         if not is_model_folder(out):
             raise UserError(f"{out}: exists and is not a model folder written by export-model; not "
                             "replacing it")
+
+
+def _model_json(run: LoadedRun, run_dir: str | os.PathLike, checkpoint: str, key: str,
+                store_config: dict[str, Any]) -> dict[str, Any]:
+    """``model.json`` of ``run`` (its SHA-256 entries are added as the files are written)."""
     codec = run.codec
-    key, store_config = _store_config(run.settings.features)
-    model_json: dict[str, Any] = {
+    return {
         "format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION,
         "family": run.settings.family, "settings": run.settings.model_dump(),
         "text_input": codec.kind, "vocab_size": codec.vocab_size,
@@ -105,20 +151,42 @@ def export_model(run_dir: str | os.PathLike, out: str | os.PathLike, checkpoint:
         "source": {"run": str(Path(run_dir).resolve()), "checkpoint": checkpoint, "epoch": run.epoch,
                    "code_version": run.config.get("code_version")},
     }
+
+
+def _write_model_folder(out: Path, run: LoadedRun, model_json: dict[str, Any], key: str) -> None:
+    """The files of the model folder, written into a temporary sibling renamed to ``out`` at the end."""
     tensors = {name: t.detach().cpu().contiguous().clone() for name, t in run.model.state_dict().items()}
     with atomic_directory(out, overwrite=True) as tmp:
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": MODEL_FORMAT})
         model_json["sha256"] = {WEIGHTS: sha256_file(tmp / WEIGHTS)}
         if key == "fne":
             store = FeatureStore(parse_spec(run.settings.features)[0])
-            thresholds = store.array("fne/ternary").attrs.get("thresholds") or store_config["thresholds"]
+            thresholds = (store.array("fne/ternary").attrs.get("thresholds")
+                          or model_json["features"]["store"]["thresholds"])
             model_json["features"]["thresholds"] = [float(t) for t in thresholds]
             # the statistics in the store's own dtype: a new image is discretised exactly as the store's rows
             save_file({name: torch.from_numpy(np.ascontiguousarray(store.array(f"fne/{array}")[:]))
                        for name, array in (("fne_mean", "mean"), ("fne_std", "std"))}, str(tmp / FEATURIZER))
             model_json["sha256"][FEATURIZER] = sha256_file(tmp / FEATURIZER)
         write_json_atomic(tmp / MODEL_JSON, model_json)
-    return out
+
+
+#: the errno in the text of a ``SafetensorError`` of a failed write: ``I/O error: No space left on device
+#: (os error 28) at path ...``, or in older versions Rust's ``IoError(Os { code: 28, ... })``
+_RUST_ERRNO = re.compile(r"\(os error (\d+)\)|\bcode:\s*(\d+)")
+
+
+def _disk_reason(exc: BaseException, out: Path) -> str | None:
+    """One line for a full, read-only or forbidden disk under ``out`` (an ``OSError``, or the safetensors
+    writer's ``SafetensorError`` carrying the errno in its text), else None."""
+    if isinstance(exc, OSError):  # named as the file of out it was for, not its temporary folder's
+        where = out / Path(exc.filename).name if exc.filename else out
+        return disk_error_message(OSError(exc.errno, exc.strerror, str(where)))
+    found = _RUST_ERRNO.search(str(exc))
+    code = int(found[1] or found[2]) if found else errno.ENOSPC if "No space left" in str(exc) else None
+    if code is None:
+        return None
+    return disk_error_message(OSError(code, os.strerror(code), str(out)))
 
 
 # -- reading a model folder --------------------------------------------------------------------------
@@ -161,7 +229,6 @@ def read_model_json(folder: Path) -> dict[str, Any]:
 
 def _read_tensors(folder: Path, name: str, meta: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The tensors of ``folder/name`` after checking its SHA-256 against ``model.json``."""
-    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     path = folder / name

@@ -24,6 +24,8 @@ from train.run.layout import CONFIG, RunDir
 from vsecore.errors import UserError
 from vsecore.io import read_text, sha256_file, write_json_atomic
 
+#: the ``task`` of a classification run's config.json (a retrieval run has none)
+CLASSIFY_TASK = "classify"
 #: settings that may change when a run resumes: where it runs and how long it may go on
 RESUMABLE_CHANGES = ("out", "device", "workers", "epochs", "checkpoint_every")
 
@@ -140,7 +142,7 @@ def validate_config(config: Any, path: str | os.PathLike) -> dict[str, Any]:
 
     if not isinstance(config, dict) or not isinstance(config.get("settings"), dict):
         raise UserError(f"{path}: not a run configuration (no 'settings' object)")
-    if config.get("task") == "classify":
+    if config.get("task") == CLASSIFY_TASK:
         return _validate_classify_config(config, path)
     try:
         settings = settings_from_config(config["settings"])
