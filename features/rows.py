@@ -35,25 +35,12 @@ from zarr.codecs.sharding import ShardingCodecIndexLocation
 from features.store import FeatureStore, StoreState
 from features.store_array import StoreArray
 from features.store_read import _open_for_reading, check_row_records, consistent_read, first_nonfinite_row
+from features.zstd_bounds import check_frame, frame_size
 from prep.dataset import PreparedDataset
 from vsecore.errors import UserError
 
 #: an empty inner chunk's index entry (offset and size both 2**64 - 1): the row is the fill value
 _EMPTY = np.uint64(2**64 - 1)
-
-
-def _frame_size(data: bytes) -> int | None:
-    """The content size a zstd frame's header declares (RFC 8878, 3.1.1.1), ``None`` when it has none."""
-    if len(data) < 6 or data[:4] != b"\x28\xb5\x2f\xfd":
-        return None
-    descriptor = data[4]
-    single_segment = (descriptor >> 5) & 1
-    at = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[descriptor & 3]
-    size = (1 if single_segment else 0, 2, 4, 8)[descriptor >> 6]
-    if size == 0 or len(data) < at + size:
-        return None
-    value = int.from_bytes(data[at:at + size], "little")
-    return value + 256 if size == 2 else value
 
 
 class ShardRows:
@@ -126,14 +113,8 @@ class ShardRows:
                     data = os.pread(fd, int(nbytes), int(offset))
                     if len(data) != nbytes:
                         raise ValueError("an inner chunk is truncated")
-                    view = dest.view(np.uint8).reshape(-1)
-                    if _frame_size(data) == row_bytes:
-                        self._zstd.decode(data, out=view)  # straight into the batch
-                    else:  # no size in the header: decode aside, and it must be one row
-                        decoded = np.frombuffer(self._zstd.decode(data), dtype=np.uint8)
-                        if decoded.size != row_bytes:
-                            raise ValueError(f"an inner chunk holds {decoded.size} bytes, not one row")
-                        view[:] = decoded
+                    check_frame(frame_size(data), row_bytes)  # one row, declared: never inflated past it
+                    self._zstd.decode(data, out=dest.view(np.uint8).reshape(-1))  # straight into the batch
             finally:
                 os.close(fd)
 

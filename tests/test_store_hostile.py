@@ -73,6 +73,26 @@ def gzip_bomb(store: Path) -> None:
             f.write(block)
 
 
+def zstd_frame(total: int, declared: bool) -> bytes:
+    """A zstd frame of ``total`` zero bytes in run-length blocks of 128 KiB (4 bytes each: a 2 GiB
+    frame is a 64 KiB file), declaring its content size in the header or not."""
+    block = 1 << 17
+    head = b"\x28\xb5\x2f\xfd" + (bytes([0xC0, 0x38]) + total.to_bytes(8, "little") if declared
+                                      else bytes([0x00, 0x38]))
+    n = total // block
+    blocks = b"".join(((block << 3) | (1 << 1) | (i == n - 1)).to_bytes(3, "little") + b"\x00"
+                      for i in range(n))
+    return head + blocks
+
+
+def zstd_bomb(declared: bool) -> Callable[[Path], None]:
+    """The first chunk replaced by a zstd frame of 2 GiB of zeros (a 64 KiB file, within the chunk-file
+    bound): the array's own codec, so only the decompressor can stop it."""
+    def corrupt(store: Path) -> None:
+        (store / "global" / "c" / "0" / "0").write_bytes(zstd_frame(2 << 30, declared))
+    return corrupt
+
+
 def fifo_chunk(store: Path) -> None:
     chunk = store / "global" / "c" / "1" / "0"
     chunk.unlink()
@@ -164,6 +184,32 @@ def test_a_corrupted_store_record_is_one_line_before_any_read(data: Path, pristi
         assert done.returncode == 2, (case, command[1], done.returncode, done.stderr[-2000:])
         assert len(lines) == 1 and lines[0].startswith("features: error: "), (case, done.stderr[-2000:])
         assert names in lines[0], (case, lines[0])
+
+
+READ = ("from features.store_read import read_matrix\nfrom vsecore.errors import UserError\nimport sys\n"
+        "try:\n    read_matrix(sys.argv[1])\nexcept UserError as exc:\n    sys.exit(str(exc))\n")
+
+
+@pytest.mark.parametrize("declared,reason", [(True, "the zstd frame declares 2147483648 bytes, but the chunk "
+                                                    "holds 2048"),
+                                             (False, "the zstd frame declares no content size")],
+                         ids=["declared", "undeclared"])
+def test_a_zstd_chunk_never_inflates_past_its_chunk(pristine: Path, tmp_path: Path, declared: bool,
+                                                    reason: str) -> None:
+    """A 64 KiB chunk of the array's own codec that inflates to 2 GiB: verify and a training reader say
+    which chunk is damaged, under the memory cap (the frame is refused before it is decompressed)."""
+    import shutil
+
+    store = tmp_path / "feats.zarr"
+    shutil.copytree(pristine, store, symlinks=True)
+    zstd_bomb(declared)(store)
+    done = run("features", "verify", str(store))
+    assert done.returncode == 2 and "1 damaged block(s)" in done.stderr, done.stderr[-2000:]
+    done = subprocess.run([sys.executable, "-c", READ, f"{store}:global"], capture_output=True, text=True,
+                          timeout=TIME_CAP, preexec_fn=_limits)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1, done.stderr[-2000:]
+    assert f"array 'global' is damaged at rows 0-31 (chunk file global/c/0/0: {reason}" in lines[0], lines[0]
 
 
 @pytest.mark.parametrize("where", ["data", "images", "run"])

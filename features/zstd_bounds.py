@@ -1,0 +1,85 @@
+"""Zstandard chunks are decompressed into a buffer of the size their chunk must have, never more.
+
+A zstd frame may declare any content size, or none, and a few kilobytes of run-length blocks inflate to
+gigabytes: a store received from elsewhere could make a reader allocate without bound before any check
+saw the rows. Every chunk of a feature store has a size known from its array's metadata (checked
+against the store's record by :mod:`features.store_layout`): ``prod(chunk shape) x item size`` bytes for
+a fixed-size data type. :class:`BoundedZstdCodec` replaces Zarr's ``zstd`` codec in this process
+(:func:`install`, called when :mod:`features.store_array` is imported, so by every store reader): it reads the
+frame's declared size first (:func:`frame_size`), refuses a frame that declares another size or none,
+and decompresses into a buffer of exactly that size (libzstd stops at the buffer's end). Variable-length
+chunks (the ``failures`` strings) are bounded by :data:`MAX_VARIABLE_CHUNK_BYTES`.
+
+Writers are unchanged: numcodecs and Zarr always write the content size into the frame header.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import zarr
+from zarr.codecs import ZstdCodec
+from zarr.core.array_spec import ArraySpec
+from zarr.core.buffer import Buffer
+from zarr.registry import register_codec
+
+#: the most bytes one chunk of a variable-length array (a block's failure records) may decompress to
+MAX_VARIABLE_CHUNK_BYTES = 16 << 20
+
+_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def frame_size(data: bytes | memoryview | np.ndarray) -> int | None:
+    """The content size a zstd frame's header declares (RFC 8878, 3.1.1.1), ``None`` when it has none
+    (or ``data`` is not a zstd frame)."""
+    head = bytes(memoryview(data)[:18])
+    if len(head) < 6 or head[:4] != _MAGIC:
+        return None
+    descriptor = head[4]
+    single_segment = (descriptor >> 5) & 1
+    at = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[descriptor & 3]
+    size = (1 if single_segment else 0, 2, 4, 8)[descriptor >> 6]
+    if size == 0 or len(head) < at + size:
+        return None
+    value = int.from_bytes(head[at:at + size], "little")
+    return value + 256 if size == 2 else value
+
+
+def chunk_bytes(spec: ArraySpec) -> int | None:
+    """Bytes a chunk of ``spec`` holds once decompressed, ``None`` for a variable-length data type."""
+    item = getattr(spec.dtype, "item_size", None)
+    if not isinstance(item, int):
+        return None
+    return math.prod(spec.shape) * item
+
+
+def check_frame(declared: int | None, expected: int | None) -> int:
+    """The size to decompress a frame into: ``expected`` (fixed-size chunks), else the declared size
+    up to :data:`MAX_VARIABLE_CHUNK_BYTES`. A ValueError (a damaged chunk) for a frame that declares no
+    size, another size, or too many bytes."""
+    if declared is None:
+        raise ValueError("the zstd frame declares no content size (the toolkit's writers always do)")
+    if expected is not None and declared != expected:
+        raise ValueError(f"the zstd frame declares {declared} bytes, but the chunk holds {expected}")
+    if expected is None and declared > MAX_VARIABLE_CHUNK_BYTES:
+        raise ValueError(f"the zstd frame declares {declared} bytes, over the {MAX_VARIABLE_CHUNK_BYTES} "
+                         "a variable-length chunk may hold")
+    return declared
+
+
+class BoundedZstdCodec(ZstdCodec):
+    """Zarr's ``zstd`` codec, decompressing into a buffer of the chunk's own size (module docstring)."""
+
+    def _decode_sync(self, chunk_bytes_in: Buffer, chunk_spec: ArraySpec) -> Buffer:
+        data = chunk_bytes_in.as_numpy_array().view(np.uint8).reshape(-1)
+        size = check_frame(frame_size(data), chunk_bytes(chunk_spec))
+        out = np.empty(size, dtype=np.uint8)
+        self._zstd_codec.decode(data, out=out)  # libzstd refuses to write past the buffer
+        return chunk_spec.prototype.buffer.from_array_like(out)
+
+
+def install() -> None:
+    """Make :class:`BoundedZstdCodec` the ``zstd`` codec of every Zarr array this process opens."""
+    register_codec("zstd", BoundedZstdCodec)
+    zarr.config.set({"codecs.zstd": f"{__name__}.BoundedZstdCodec"})
