@@ -21,9 +21,12 @@ in from its newest checkpoint (a run killed before its first checkpoint starts o
 After training, each run's best checkpoint is evaluated on the test split through ``train evaluate``
 (:func:`train.retrieval.evaluate.run.evaluate_run`): protocol ``all`` on a small test split, ``5cv`` (COCO-1k,
 5 folds) and ``5k`` on a test split of 5,000 images or more, and the CHAIN-VSE noise analysis (character
-noise, :mod:`train.retrieval.evaluate.analysis`) at every ratio of ``--noise``. ``--runs RUN...`` collects
-finished runs
-instead of training (their noise analysis is computed where missing).
+noise, :mod:`train.retrieval.evaluate.analysis`) at every ratio of ``--noise``. What the table reports is
+only what the comparison computed itself, kept in the run's ``eval/compare_test.json`` with the SHA-256,
+epoch and step of the checkpoint it came from, and computed again when that checkpoint (or the protocols,
+or the noise ratios) changed: an ``eval/noise_test.json`` someone made by hand from another checkpoint is
+never reported. ``--runs RUN...`` collects finished runs instead of training (evaluated the same way).
+A stopped comparison has no ``--resume``: the same command resumes it.
 
 Columns: *parameters* is the run's total parameter count; *train time* the sum of its epochs' time
 (training and the per-epoch validation); *captions/s* the training captions per second of training time;
@@ -33,11 +36,13 @@ number of an entry is the mean +- the sample standard deviation over its K runs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import statistics
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,11 +55,12 @@ from train.models.family import family_names, model_spec, train_settings, with_f
 from train.retrieval.evaluate.run import evaluate_run
 from train.retrieval.fit import dataset_name, run_training
 from train.retrieval.report import read_history, read_json_object, run_summary
+from train.run.checkpoint import load_checkpoint
 from train.run.config import read_config
-from train.run.layout import RunDir, evaluation_name
+from train.run.layout import COMPARE_EVAL, RunDir, evaluation_name, noise_name
 from vsecore import console
 from vsecore.errors import UserError
-from vsecore.io import atomic_file, write_json_atomic
+from vsecore.io import atomic_file, sha256_file, write_json_atomic
 from vsecore.outputs import check_output_folder
 
 #: the files a comparison writes into its folder (its runs go under ``runs/``)
@@ -66,6 +72,10 @@ RUNS = "runs"
 OUTPUT_NAMES = (COMPARE_JSON, COMPARE_MD, RSUM_PLOT, NOISE_PLOT)
 #: what compare.json says it is (a folder holding another compare.json is not replaced)
 KIND = "vse-compare"
+#: what resumes a stopped comparison (it has no --resume: it resumes from its own folder)
+RESUME_COMPARE = "re-run the same command (train compare, or train pipeline) to resume it"
+#: what compare_test.json says it is
+COMPARE_EVAL_KIND = "vse-compare-evaluation"
 #: the noise ratios of the robustness figure: 5% steps up to 25%
 DEFAULT_NOISE: str = CompareSection.model_fields["noise"].default
 #: ``--out`` of ``train compare`` without one
@@ -208,7 +218,12 @@ def train_run(plan: Plan, entry: Entry, seed: int, log: Callable[[str], None] = 
     resume = run.last.is_file() or run.best.is_file()
     overwrite = not resume and run.is_run()  # killed before its first checkpoint: start it over
     log(f"[compare] {run_dir.name}: {'resuming' if resume else 'training'} {entry.family} ({entry.variant})")
-    return run_training(settings, resume=resume, overwrite=overwrite, log=log)
+    try:
+        return run_training(settings, resume=resume, overwrite=overwrite, log=log)
+    except BaseException as exc:  # what the run kept, and what resumes it here (compare has no --resume)
+        if getattr(exc, "vse_hint", None):
+            exc.vse_hint = run.kept(RESUME_COMPARE)  # type: ignore[attr-defined]
+        raise
 
 
 def test_protocols(run_dir: Path) -> list[str]:
@@ -223,40 +238,57 @@ def test_protocols(run_dir: Path) -> list[str]:
     return ["5cv", "5k"] if n >= FIVE_K else ["all"]
 
 
+def checkpoint_identity(run_dir: Path) -> dict[str, Any]:
+    """The best checkpoint a comparison reports: its SHA-256, epoch and step (what its evaluation records)."""
+    best = RunDir(run_dir).best
+    state = load_checkpoint(best, mmap=True)
+    return {"checkpoint": "best", "sha256": sha256_file(best), "epoch": int(state["epoch"]),
+            "global_step": int(state.get("global_step", 0))}
+
+
 def evaluate_for_comparison(run_dir: Path, noise: str | None, device: str = "auto",
-                            log: Callable[[str], None] = console.info) -> None:
-    """What the comparison reads of a run that its ``eval/`` lacks: the test protocols of
-    :func:`test_protocols` on the best checkpoint and (``noise``: ratios) the noise analysis."""
-    wanted = test_protocols(run_dir)
-    missing = [p for p in wanted if p not in tested_protocols(run_dir)]
-    noise_missing = noise is not None and not (RunDir(run_dir).eval_dir / "noise_test.json").is_file()
-    if missing or noise_missing:
-        evaluate_run(run_dir, "test", missing or wanted[:1],
-                     noise=noise if noise_missing else None, device=device, log=log, overwrite=True)
+                            log: Callable[[str], None] = console.info) -> dict[str, Any]:
+    """What the comparison reports of a run, computed by the comparison from the best checkpoint: the test
+    protocols of :func:`test_protocols` and (``noise``: ratios) the noise analysis.
+
+    Kept in ``eval/compare_test.json`` with the identity of that checkpoint (:func:`checkpoint_identity`)
+    and reused only while the checkpoint, the protocols and the noise ratios are the same; files of
+    ``eval/`` that compare did not write (``train evaluate`` run by hand, from another checkpoint or
+    while the run trained) are never read. Returns ``{"checkpoint", "noise_spec", "protocols", "noise"}``.
+    """
+    run, identity, wanted = RunDir(run_dir), checkpoint_identity(run_dir), test_protocols(run_dir)
+    record = run.eval_dir / COMPARE_EVAL
+    if record.is_file():
+        kept = read_json_object(record)
+        if (kept.get("checkpoint") == identity and set(wanted) <= set(kept.get("protocols") or {})
+                and (noise is None or (kept.get("noise_spec") == noise and kept.get("noise")))):
+            return kept
+    with tempfile.TemporaryDirectory(prefix="vse-compare-") as tmp:
+        folder = Path(tmp)
+        evaluate_run(run_dir, "test", wanted, noise=noise, device=device, log=log, overwrite=True,
+                     json_path=folder / evaluation_name("test", "best"), out_dir=folder)
+        if checkpoint_identity(run_dir) != identity:
+            raise UserError(f"{run.best}: changed while the comparison evaluated it; {RESUME_COMPARE}")
+        result = {"kind": COMPARE_EVAL_KIND, "checkpoint": identity, "noise_spec": noise,
+                  "protocols": read_json_object(folder / evaluation_name("test", "best")),
+                  "noise": read_json_object(folder / noise_name("test")) if noise is not None else None}
+        for name in (evaluation_name("test", "best"), noise_name("test"), noise_name("test", "png")):
+            if (folder / name).is_file():  # what train evaluate would have written, for the user to see
+                with atomic_file(run.eval_dir / name, "wb") as fh:
+                    fh.write((folder / name).read_bytes())
+    write_json_atomic(record, result)
+    return result
 
 
-def tested_protocols(run_dir: Path) -> dict[str, Any]:
-    """The best checkpoint's test results by protocol: ``eval/test.json`` (written after training) and
-    ``eval/test_best.json`` (``train evaluate``), the first winning where both have a protocol."""
-    run = RunDir(run_dir)
-    found: dict[str, Any] = {}
-    evaluated = run.eval_dir / evaluation_name("test", "best")
-    if evaluated.is_file():
-        found.update(read_json_object(evaluated))
-    if run.test_eval.is_file():
-        found.update(read_json_object(run.test_eval).get("protocols") or {})
-    return found
-
-
-def run_row(run_dir: Path) -> dict[str, Any]:
-    """One run's numbers (see the module docstring) from its files: config, metrics, eval/test_best.json
-    and eval/noise_test.json."""
+def run_row(run_dir: Path, evaluation: dict[str, Any]) -> dict[str, Any]:
+    """One run's numbers (see the module docstring) from its config and metrics and the comparison's own
+    ``evaluation`` of its best checkpoint (:func:`evaluate_for_comparison`)."""
     summary = run_summary(run_dir)
     run = RunDir(run_dir)
     history = read_history(run.metrics) if run.metrics.is_file() else []
     train_s = sum(float(r.get("train_time_s", 0.0)) for r in history)
     captions = sum(int(r.get("captions", 0)) for r in history)
-    protocols = tested_protocols(run_dir)
+    protocols = evaluation.get("protocols") or {}
     main = protocols.get("5cv") or protocols.get("all")
     if not isinstance(main, dict):
         raise UserError(f"{run.eval_dir}: no test evaluation under protocol 'all' or '5cv' (train evaluate "
@@ -271,8 +303,8 @@ def run_row(run_dir: Path) -> dict[str, Any]:
     for d in ("i2t", "t2i"):
         for k in ("r1", "r5", "r10"):
             row[f"{d}_{k}"] = float(main[d][k])
-    noise_file = run.eval_dir / "noise_test.json"
-    row["noise"] = read_json_object(noise_file) if noise_file.is_file() else None
+    row["noise"] = evaluation.get("noise")
+    row["checkpoint"] = evaluation.get("checkpoint")
     return row
 
 
@@ -384,8 +416,8 @@ def run_compare(plan: Plan, log: Callable[[str], None] = console.info) -> list[d
         mine = []
         for seed in plan.seeds:
             run_dir = train_run(plan, entry, seed, log)
-            evaluate_for_comparison(run_dir, plan.noise, plan.device, log)
-            mine.append(run_row(run_dir))
+            with _resumable():
+                mine.append(run_row(run_dir, evaluate_for_comparison(run_dir, plan.noise, plan.device, log)))
         rows += mine
         summary.append(summarise(entry, mine))
     wall = time.perf_counter() - t0
@@ -394,15 +426,24 @@ def run_compare(plan: Plan, log: Callable[[str], None] = console.info) -> list[d
     return summary
 
 
+@contextlib.contextmanager
+def _resumable() -> Iterator[None]:
+    """Ctrl-C (or a full disk) while a comparison evaluates says what resumes it."""
+    try:
+        yield
+    except (KeyboardInterrupt, OSError) as exc:
+        if getattr(exc, "vse_hint", None) is None:
+            exc.vse_hint = f"the runs are kept: {RESUME_COMPARE}"  # type: ignore[attr-defined]
+        raise
+
+
 def collect_runs(runs: Sequence[str], out: str | None, noise: str | None, device: str = "auto",
                  log: Callable[[str], None] = console.info) -> list[dict[str, Any]]:
     """``--runs``: the comparison of finished run directories (one entry per run, named by its folder)."""
     rows, summary = [], []
     for run in runs:
         run_dir = Path(run)
-        if noise is not None:
-            evaluate_for_comparison(run_dir, noise, device, log)
-        row = run_row(run_dir)
+        row = run_row(run_dir, evaluate_for_comparison(run_dir, noise, device, log))
         rows.append(row)
         summary.append(summarise(Entry(run_dir.name, row["family"], run_dir.name), [row]))
     if out is not None:

@@ -9,7 +9,8 @@ A run directory holds::
     metrics.jsonl          one JSON object per finished epoch
     curves.png, train.log, tensorboard/
     eval/                  test.json after training; train evaluate's <split>_<checkpoint>[_<lang>].json,
-                           noise_<split>.json/.png and length_<split>.json
+                           noise_<split>.json/.png and length_<split>.json; train compare's
+                           compare_test.json
     eval.stage.json        the evaluate stage's state of ``train pipeline``
 
 :class:`RunDir` names these paths (no other module spells them, but for the four a run is recognised
@@ -56,6 +57,8 @@ TENSORBOARD = "tensorboard"
 TRAIN_LOG = "train.log"
 EVAL = "eval"
 TEST_EVAL = "test.json"
+#: what ``train compare`` read of the run, with the identity of the checkpoint it was computed from
+COMPARE_EVAL = "compare_test.json"
 #: the evaluate stage's state file of ``train pipeline`` (``<run>/eval`` + ``.stage.json``)
 EVAL_STAGE = "eval.stage.json"
 
@@ -66,7 +69,7 @@ RESUME_ADVICE = "re-run with --resume"
 _TOP_FILES = frozenset({RUN_MARKER, CONFIG, METRICS, CURVES, TRAIN_LOG, EVAL_STAGE})
 _CHECKPOINT_FILES = RUN_CHECKPOINT_FILES
 #: files of ``eval/``: the test evaluation after training and ``train evaluate``'s default outputs
-_EVAL_FILE = re.compile(r"test\.json|(train|val|test)_(best|last)(_[\w.-]+)?\.json"
+_EVAL_FILE = re.compile(r"test\.json|compare_test\.json|(train|val|test)_(best|last)(_[\w.-]+)?\.json"
                         r"|noise_(train|val|test)\.(json|png)|length_(train|val|test)\.json")
 _TENSORBOARD_FILE = re.compile(r"events\.out\.tfevents\..+")
 
