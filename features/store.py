@@ -272,6 +272,11 @@ class FeatureStore:
         """Whether the array ``name`` (e.g. ``"global"``, ``"fne/ternary"``) exists."""
         return self._exists(self._resolve(name))
 
+    def array_folder(self, name: str) -> Path:
+        """The folder that holds array ``name`` now (for ``fne/ternary`` caught between the renames of a
+        killed ``--rethreshold``: its complete replacement)."""
+        return self.path / self._resolve(name)
+
     def array_identity(self, name: str) -> tuple[str, int, str] | None:
         """What array ``name`` is now: ``(its folder, the folder's inode, a digest of its zarr.json)``,
         or ``None`` while it is missing (a ``--rethreshold`` swap between its renames).
@@ -280,8 +285,8 @@ class FeatureStore:
         between (a swap renames folders and gives the new array its own ``written`` token) changes it,
         whatever the store's attributes say (:meth:`check_array_unchanged`).
         """
-        real = self._resolve(name)
-        folder = self.path / real
+        folder = self.array_folder(name)
+        real = folder.relative_to(self.path).as_posix()
         try:
             inode = os.stat(folder).st_ino
             meta = (folder / "zarr.json").read_bytes()

@@ -11,6 +11,8 @@ time with the same checks. The writer is :class:`features.store.FeatureStore`.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import math
 import os
 from collections.abc import Iterator
@@ -295,3 +297,22 @@ def first_nonfinite_row(x: np.ndarray, valid: np.ndarray, chunk_rows: int = 4096
         if rows.any():
             return start + int(np.flatnonzero(rows)[0])
     return None
+
+
+#: the fields of an array's zarr.json that say how its bytes are rows (its attributes are not layout)
+LAYOUT_FIELDS = ("shape", "data_type", "chunk_grid", "chunk_key_encoding", "codecs", "fill_value",
+                 "dimension_names")
+
+
+def layout_digest(spec: str) -> str:
+    """SHA-256 of how the array ``STORE[:key]`` lays out its rows: its ``zarr.json`` fields
+    :data:`LAYOUT_FIELDS` (data type, shape, chunking, codecs, fill value), canonically serialised.
+
+    A run records it beside :func:`train.run.config.features_fingerprint` (which samples row bytes):
+    the same bytes under another data type, shape or codec are other features.
+    """
+    store, _, name = _open_for_reading(spec, None)
+    meta = store.array_folder(name) / "zarr.json"
+    record = json.loads(meta.read_text(encoding="utf-8"))  # bounded and checked when the store opened
+    layout = {k: record.get(k) for k in LAYOUT_FIELDS}
+    return hashlib.sha256(json.dumps(layout, sort_keys=True).encode()).hexdigest()

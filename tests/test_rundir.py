@@ -280,6 +280,7 @@ def test_a_re_evaluation_replaces_its_own_eval_files_and_overwrite_the_others(tr
     ("alphabet", "the run's prepared dataset changed since it was trained: chars.json in"),
     ("dataset", "the run's prepared dataset changed since it was trained: dataset.json in"),
     ("features", "the run's features changed since it was trained: the feature matrix in"),
+    ("layout", "the run's features changed since it was trained: its data type, shape, chunking or codecs"),
 ])
 def test_readers_refuse_a_run_whose_inputs_changed(tmp_path: Path, capsys, change: str,
                                                   expected: str) -> None:
@@ -295,6 +296,12 @@ def test_readers_refuse_a_run_whose_inputs_changed(tmp_path: Path, capsys, chang
     elif change == "dataset":
         text = (prepared / "dataset.json").read_text()
         (prepared / "dataset.json").write_text(text.replace("A red", "A RED", 1))
+    elif change == "layout":  # the same bytes declared int32, record and array alike: only the layout says so
+        group = json.loads((store / "zarr.json").read_text())
+        meta = json.loads((store / "global" / "zarr.json").read_text())
+        group["attributes"]["dtypes"]["global"], meta["data_type"], meta["fill_value"] = "int32", "int32", 0
+        (store / "zarr.json").write_text(json.dumps(group))
+        (store / "global" / "zarr.json").write_text(json.dumps(meta))
     else:  # re-extracted with other weights
         shutil.rmtree(store)
         make_store(store, prepared, seed=1)
@@ -309,6 +316,21 @@ def test_readers_refuse_a_run_whose_inputs_changed(tmp_path: Path, capsys, chang
         assert snapshot(run) == before
     assert train(["evaluate", "--run", run, "--device", "cpu", "--accept-changed-inputs"]) == 0
     assert "warning:" in capsys.readouterr().err
+
+
+def test_a_run_recorded_before_the_store_layout_fingerprint_resumes_and_reads(tmp_path: Path) -> None:
+    """Runs trained before ``fingerprints.features_layout`` existed resume and evaluate as before."""
+    prepared = make_prepared(tmp_path / "prepared", n_train=40, n_val=8, n_test=8)
+    store = make_store(tmp_path / "feats.zarr", prepared)
+    run = tmp_path / "run"
+    argv = ["chain", "--data", prepared, "--features", f"{store}:global", *TINY, "--out", run]
+    assert train([*argv, "--epochs", "1"]) == 0
+    config = json.loads((run / "config.json").read_text())
+    del config["fingerprints"]["features_layout"]
+    (run / "config.json").write_text(json.dumps(config))
+    assert train(["evaluate", "--run", run, "--device", "cpu"]) == 0
+    assert train([*argv, "--epochs", "2", "--resume"]) == 0
+    assert "features_layout" not in json.loads((run / "config.json").read_text())["fingerprints"]
 
 
 def test_the_fingerprint_check_skips_hashing_unchanged_files(trained: Path, monkeypatch) -> None:

@@ -129,7 +129,8 @@ def test_train_seam_step_schedule_and_penalty(data, tmp_path, monkeypatch) -> No
     config = json.loads((run / "config.json").read_text())
     assert config["text_input"] == "words" and config["settings"]["lr_schedule"] == "step"
     assert config["vocab_size"] == len(PreparedDataset.load(prepared).words)
-    assert set(config["fingerprints"]) == {"dataset_json", "chars_json", "words_json", "features"}
+    assert set(config["fingerprints"]) == {"dataset_json", "chars_json", "words_json", "features",
+                                           "features_layout"}
     recs = records(run)
     # /10 after every --lr-step epochs: epochs 1-2 at 1e-3, epoch 3 at 1e-4 (no plateau decay)
     assert [r["lr"] for r in recs] == pytest.approx([1e-3, 1e-3, 1e-4])

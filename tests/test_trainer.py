@@ -120,7 +120,7 @@ def test_run_directory_layout_and_records(data, tmp_path, capsys) -> None:
     assert config["vocab_size"] == len(json.loads((prepared / "chars.json").read_text())["symbols"])
     assert config["text_input"] == "chars"
     assert config["data"]["train"]["skipped_images"] == 1
-    assert set(config["fingerprints"]) == {"dataset_json", "chars_json", "features"}
+    assert set(config["fingerprints"]) == {"dataset_json", "chars_json", "features", "features_layout"}
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records] == [1, 2]
     for r in records:

@@ -21,6 +21,7 @@ import torch
 
 from features.spec import SPEC_ARRAYS, FeatureSpec
 from features.store import FeatureStore
+from features.store_read import layout_digest
 from prep.dataset import WORDS_FILE, PreparedDataset
 from train.engine.codecs import codec_for
 from train.engine.data import (
@@ -59,12 +60,14 @@ from train.run.checkpoint import (
     remove_stale_temporaries,
 )
 from train.run.config import (
+    DATASET_FILES,
     absolute_settings,
     check_same_config,
     dataset_fingerprint,
     features_fingerprint,
     file_stats,
     prepare_run_dir,
+    read_config,
     store_path,
     write_config,
 )
@@ -192,6 +195,8 @@ def _train(settings: TrainSection, spec: ModelSpec, run_dir: Path, resume: bool,
     trainer = Trainer(settings, model, objective, train_set, val_set, run_dir, device, log=log,
                       pair_sets=pair_sets, scorer=retrieval_scorer(settings, device))
     if resume:
+        if "features_layout" not in (read_config(run_dir).get("fingerprints") or {}):
+            config["fingerprints"].pop("features_layout")  # a run from before it was recorded resumes
         check_same_config(run_dir, config)
         trainer.resume(log)
     write_config(run_dir, config)  # on resume: records the new device / epochs / checkpoint_every
@@ -264,7 +269,8 @@ def _load_data(settings: TrainSection, spec: ModelSpec, dataset: PreparedDataset
                                max_images=settings.val_images, codec=codec, counts=counts)
     _check_splits(settings, dataset, valid, val_set)
     fingerprints = {**dataset_fingerprint(settings.data), **_words_fingerprint(settings.data, spec),
-                    "features": features_fingerprint(x, valid)}
+                    "features": features_fingerprint(x, valid),
+                    "features_layout": layout_digest(settings.features)}
     config: dict[str, Any] = {
         "family": settings.family,
         "settings": settings.model_dump(),
@@ -273,7 +279,7 @@ def _load_data(settings: TrainSection, spec: ModelSpec, dataset: PreparedDataset
         "feature_shape": [int(v) for v in x.shape[1:]],
         "fingerprints": fingerprints,
         # size and mtime of the hashed files: a reader of the run whose files still have them skips the hash
-        "fingerprint_stats": file_stats(settings.data, [k for k in fingerprints if k != "features"]),
+        "fingerprint_stats": file_stats(settings.data, [k for k in fingerprints if k in DATASET_FILES]),
         "data": {split: {"images": cs.num_images, "captions": len(cs), "skipped_images": cs.skipped_images}
                  for split, cs in (("train", train_set), ("val", val_set))},
         "code_version": code_version(),

@@ -15,7 +15,7 @@ import torch
 
 from features.featurize import StoreFeaturizer
 from features.store import FeatureStore
-from features.store_read import parse_spec
+from features.store_read import layout_digest, parse_spec
 from prep.dataset import PreparedDataset
 from train.engine.codecs import TextCodec, codec_for
 from train.engine.data import CaptionSet, load_caption_set, read_features, read_region_counts
@@ -98,9 +98,14 @@ class LoadedRun:
             if not self.settings.features:
                 raise UserError(f"{self.run_dir}: the run's config names no feature store")
             x, valid = read_features(self.settings.features, self.dataset)
-            recorded = (self.config.get("fingerprints") or {}).get("features")
+            fingerprints = self.config.get("fingerprints") or {}
+            recorded, layout = fingerprints.get("features"), fingerprints.get("features_layout")
+            changed = []
             if recorded is not None and features_fingerprint(x, valid) != recorded:
-                self._changed("features", ["the feature matrix"], self.settings.features)
+                changed.append("the feature matrix")
+            if layout is not None and layout_digest(self.settings.features) != layout:
+                changed.append("its data type, shape, chunking or codecs")  # runs since 2026-11 record it
+            self._changed("features", changed, self.settings.features)
             self._features = (x, valid)
             self._counts = read_region_counts(self.settings.features)
         return self._features
