@@ -112,13 +112,15 @@ def _naming(path: Path) -> Iterator[None]:
 _NPY_WRITE_BYTES = 16 * 2**20
 
 
-def _save_npy(fh: Any, array: np.ndarray) -> None:
+def _save_npy(fh: Any, array: np.ndarray, check: Callable[[], None] = lambda: None) -> None:
     """``np.save`` of a C-contiguous array into the open file ``fh``, written by ``fh.write`` in pieces:
     ``np.save`` goes through ``ndarray.tofile``, whose short write on a full disk is an ``OSError``
-    without an errno (so no one-line message could say what happened)."""
+    without an errno (so no one-line message could say what happened). ``check`` runs before each piece
+    (where a held-back Ctrl-C or SIGTERM is raised, :func:`vsecore.io.deferred_interrupts`)."""
     np.lib.format.write_array_header_1_0(fh, np.lib.format.header_data_from_array_1_0(array))
     data = memoryview(array).cast("B")
     for start in range(0, len(data), _NPY_WRITE_BYTES):
+        check()
         fh.write(data[start:start + _NPY_WRITE_BYTES])
 
 
@@ -180,10 +182,14 @@ def export_store(spec: str, data: str | os.PathLike, fmt: str, out: str | os.Pat
     parts = [(name, part, _part_captions(dataset, part, captions_per_image, out / f"{name}_caps.txt"))
              for name, part in _precomp_parts(rows)]
     out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, part, captions in parts:
-        written += _write_precomp(out, name, x, part, dataset, captions,
-                                  None if counts is None else counts[part])
+    written: list[Path] = []
+    # Ctrl-C and SIGTERM are held back and raised only inside a file's write (interrupts.check), never
+    # between a temporary file's creation and the code that removes it on an exception: an interruption
+    # leaves no .NAME.HOST-PID.XXXX.tmp (those of a killed export are removed by the next one)
+    with deferred_interrupts() as interrupts:
+        for name, part, captions in parts:
+            written += _write_precomp(out, name, x, part, dataset, captions,
+                                      None if counts is None else counts[part], interrupts.check)
     return written
 
 
@@ -203,29 +209,33 @@ def _part_captions(dataset: PreparedDataset, rows: np.ndarray, keep: int | None,
 
 
 def _write_precomp(out: Path, name: str, x: np.ndarray, rows: np.ndarray, dataset: PreparedDataset,
-                   captions: dict[str, tuple[list[str], dict[str, int]]], counts: np.ndarray | None = None
-                   ) -> list[Path]:
+                   captions: dict[str, tuple[list[str], dict[str, int]]], counts: np.ndarray | None = None,
+                   check: Callable[[], None] = lambda: None) -> list[Path]:
     """``{name}_ims.npy``, for a region store ``{name}_counts.npy``, ``{name}_caps.txt`` (one per
     language after the first: ``{name}_caps.{lang}.txt``) and ``{name}_ids.json`` for the images
     ``rows``; returns the files.
 
     ``captions``: per language, the lines of :func:`precomp_captions` (each image's in the dataset's
     order, newlines folded to spaces, the same count for every image) and what its policy did, which the
-    ids file records with the count per image.
+    ids file records with the count per image. ``check``: raises a held-back interruption; it runs
+    inside each file's write, where the temporary file is removed on the way out.
     """
     ims_name, *names, ids_name = _precomp_files(name, dataset.languages, counts is not None)
     ims = out / ims_name
+    rows_x = np.ascontiguousarray(x[rows], dtype=np.float32)
     with _naming(ims), atomic_file(ims, "wb") as fh:
-        _save_npy(fh, np.ascontiguousarray(x[rows], dtype=np.float32))
+        _save_npy(fh, rows_x, check)
+    del rows_x
     written = [ims]
     if counts is not None:
         counts_file, *names = names
         with _naming(out / counts_file), atomic_file(out / counts_file, "wb") as fh:
-            _save_npy(fh, np.ascontiguousarray(counts, dtype=np.int32))
+            _save_npy(fh, np.ascontiguousarray(counts, dtype=np.int32), check)
         written.append(out / counts_file)
     for lang, caps_name in zip(dataset.languages, names, strict=True):
         file = out / caps_name
         with _naming(file), atomic_file(file, "w") as fh:
+            check()
             fh.write("".join(f"{t}\n" for t in captions[lang][0]))
         written.append(file)
         if captions[lang][1]["repeated"] or captions[lang][1]["dropped"]:
