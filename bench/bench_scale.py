@@ -161,12 +161,8 @@ def build(root: Path, scale: float, seed: int) -> dict[str, Any]:
     record = root / "bench_scale.json"
     if record.is_file() and json.loads(record.read_text())["scale"] == scale:
         return json.loads(record.read_text())
-    shutil.rmtree(root / "data", ignore_errors=True)
     t0 = time.perf_counter()
-    source = root / "source" / "dataset_coco.json"
-    sizes = write_karpathy(source, scale, seed)
-    prep = child([sys.executable, "-m", "prep", "coco", "--karpathy", str(source),
-                  "--out", str(root / "data"), "-q"], measure=True)
+    sizes, prep = build_dataset(root, scale, seed)
     t_prep = time.perf_counter()
     from prep.dataset import PreparedDataset
 
@@ -190,6 +186,18 @@ def build(root: Path, scale: float, seed: int) -> dict[str, Any]:
     return out
 
 
+def build_dataset(root: Path, scale: float, seed: int) -> tuple[dict[str, int], dict[str, Any]]:
+    """The Karpathy file and ``prep coco``'s prepared dataset under ``root`` (and the caption caches of an
+    earlier one removed): ``(images per split, prep's peak RSS)``."""
+    for old in ("data", "data.vse-captions"):
+        shutil.rmtree(root / old, ignore_errors=True)
+    source = root / "source" / "dataset_coco.json"
+    sizes = write_karpathy(source, scale, seed)
+    prep = child([sys.executable, "-m", "prep", "coco", "--karpathy", str(source),
+                  "--out", str(root / "data"), "-q"], measure=True)
+    return sizes, prep
+
+
 def du(path: Path) -> int:
     """Bytes of the files under ``path``."""
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
@@ -202,8 +210,9 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def settings_of(family: str, root: Path, scale: float) -> Any:
-    """The family's train settings on the synthetic data, resolved as ``train <family>`` resolves it."""
+def settings_of(family: str, root: Path, scale: float, dataset: Any = None) -> Any:
+    """The family's train settings on the synthetic data, resolved as ``train <family>`` resolves it
+    (``dataset``: the prepared dataset already loaded, else it is read)."""
     from prep.dataset import PreparedDataset
     from train.models.family import train_settings, with_data_defaults, with_family_defaults
     from train.run.config import absolute_settings
@@ -213,7 +222,7 @@ def settings_of(family: str, root: Path, scale: float) -> Any:
     settings = train_settings(family=family, data=str(root / "data"), features=f"{root / store}:{key}",
                               out=str(root / "runs" / family), device="cpu", **extra)
     settings = absolute_settings(with_family_defaults(settings, "coco"))
-    return with_data_defaults(settings, PreparedDataset.load(settings.data))
+    return with_data_defaults(settings, dataset or PreparedDataset.load(settings.data))
 
 
 def phase_load(family: str, root: Path, scale: float, seconds: float) -> dict[str, Any]:
@@ -342,9 +351,11 @@ MEASURE_CHILD = ("import json, resource, subprocess, sys\n"
                  "sys.exit(code)\n")
 
 
-def child(cmd: list[str], measure: bool = False) -> dict[str, Any]:
-    """Run ``cmd`` (a phase of this script, or with ``measure`` any command) and return its result."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+def child(cmd: list[str], measure: bool = False, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run ``cmd`` (a phase of this script, or with ``measure`` any command) and return its result;
+    ``env``: variables set for it."""
+    env = dict(os.environ, **(env or {}),
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     if measure:  # peak RSS of a foreign command: wrap it in a Python that reports its child's usage
         cmd = [sys.executable, "-c", MEASURE_CHILD, *cmd]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)

@@ -5,8 +5,9 @@ of the feature store whose ``valid`` flag is set; the others are skipped and cou
 caption of the chosen language encoded by the family's :class:`TextCodec` (character indices of
 the prepared ``chars.json``, word indices of ``words.json``, or words spelled in characters;
 unknown symbols -> ``<unk>`` = 1), and ``caption_image``, the row of each caption's image.
-Captions are kept as one flat array plus offsets, so COCO's 600k captions cost a few tens of
-megabytes instead of 600k Python lists; image features stay in the store's dtype, in one array
+Captions are encoded once per prepared dataset and codec and read back from a cache beside the dataset
+(:mod:`train.engine.caption_cache`), and kept as one flat array plus offsets, so COCO's 600k captions cost
+a few tens of megabytes instead of 600k Python lists; image features stay in the store's dtype, in one array
 shared by the splits (:class:`ImageRows`). Features larger than :func:`feature_memory_limit` (Karpathy
 COCO's grid regions: 15.5 GB) are not read at all: :class:`features.rows.StoreRows` reads each batch's
 rows from the store, with the same checks and bit-identical batches (``docs/scale.md``).
@@ -31,6 +32,7 @@ from features.spec import FeatureSpec
 from features.store import FeatureStore
 from features.store_read import parse_spec, read_matrix, stored_region_counts
 from prep.dataset import PreparedDataset
+from train.engine.caption_cache import split_captions
 from train.engine.codecs import TextCodec, text_codec
 from vsecore.errors import UserError
 
@@ -218,18 +220,12 @@ def read_region_counts(features: str) -> np.ndarray | None:
     return None if counts is None else np.maximum(counts, 1)
 
 
-def _captions_per_image(dataset: PreparedDataset, split: str, langs: list[str]
-                        ) -> dict[int, list[tuple[str, tuple[str, ...]]]]:
-    """imgid -> its ``(raw, tokens)`` captions of ``split``, grouped by language in the order of ``langs``."""
+def _check_languages(dataset: PreparedDataset, langs: Sequence[str]) -> None:
+    """A :class:`UserError` for a language the dataset has no captions in."""
     for one in langs:
         if one not in dataset.languages:
             raise UserError(f"{dataset.root}: no captions in language '{one}' "
                             f"(this dataset has {', '.join(dataset.languages)})")
-    per_image: dict[int, list[tuple[str, tuple[str, ...]]]] = {}
-    for one in langs:
-        for s in dataset.sentences_of(split, one):
-            per_image.setdefault(s.imgid, []).append((s.raw, s.tokens))
-    return per_image
 
 
 def load_caption_set(dataset: PreparedDataset, x: np.ndarray | torch.Tensor | StoreRows, valid: np.ndarray,
@@ -258,34 +254,23 @@ def load_caption_set(dataset: PreparedDataset, x: np.ndarray | torch.Tensor | St
     if x.shape[0] != len(dataset.images):
         raise UserError(f"feature store has {x.shape[0]} rows but {dataset.root} has {len(dataset.images)} "
                         "images: the store was extracted from another dataset")
-    per_image = _captions_per_image(dataset, split, langs)
-    rows = sorted(per_image)
-    if max_images is not None:
-        rows = rows[:max_images]
-    kept = [r for r in rows if valid[r]]
-    skipped = len(rows) - len(kept)
-    texts: list[str] = []
-    encoded: list[np.ndarray] = []
-    caption_image: list[int] = []
-    for row, imgid in enumerate(kept):
-        for raw, tokens in per_image[imgid]:
-            texts.append(raw)
-            encoded.append(codec.encode(raw, tokens))
-        caption_image.extend([row] * len(per_image[imgid]))
-    if not texts:
+    _check_languages(dataset, langs)
+    every = split_captions(dataset, split, langs, codec)
+    considered = len(every.image_rows) if max_images is None else min(max_images, len(every.image_rows))
+    keep = np.zeros(len(every.image_rows), dtype=bool)
+    keep[:considered] = np.asarray(valid, dtype=bool)[every.image_rows[:considered]]
+    captions = every.select(keep)
+    skipped = considered - len(captions.image_rows)
+    if not len(captions):
         raise UserError(f"{dataset.root}: split '{split}' has no usable {'+'.join(langs)} captions "
                         f"({skipped} images skipped for invalid features)")
-    dtype = np.int16 if codec.vocab_size < 2**15 else np.int32
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum([e.size for e in encoded])
-    codes = np.concatenate([e.reshape(-1) for e in encoded]).astype(dtype)
-    imgids = np.asarray(kept, dtype=np.int64)
     features = x if not isinstance(x, np.ndarray) else torch.from_numpy(np.ascontiguousarray(x))
     region_counts = None if counts is None else torch.as_tensor(np.asarray(counts, dtype=np.int64))
+    imgids = captions.image_rows
     return CaptionSet(split=split, lang="+".join(langs), images=ImageRows(features, imgids, region_counts),
-                      imgids=imgids, codes=codes,
-                      offsets=offsets, caption_image=np.asarray(caption_image, dtype=np.int64), texts=texts,
-                      skipped_images=skipped, codec=codec)
+                      imgids=imgids, codes=captions.codes, offsets=captions.offsets,
+                      caption_image=np.repeat(np.arange(len(imgids), dtype=np.int64), captions.per_image),
+                      texts=captions.texts, skipped_images=skipped, codec=codec)
 
 
 def epoch_batches(captions: CaptionSet, batch_size: int, mode: str, generator: torch.Generator

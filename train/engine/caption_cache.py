@@ -1,0 +1,219 @@
+"""Captions encoded once: a split's encoded captions as flat arrays in a cache beside the prepared dataset.
+
+Encoding every caption of Karpathy COCO's train split (566,435 captions) is a Python loop of about a minute
+at every start of a run, an evaluation or a query. :func:`split_captions` does it once per prepared dataset
+and text codec and keeps the result in one ``.npz`` file of plain arrays; later loads read the arrays back.
+
+Where: ``<dataset>.vse-captions/`` beside the prepared dataset folder ``<dataset>`` (inside it, ``prep
+--overwrite`` would see a file it did not write and refuse to replace the folder). ``VSE_CAPTION_CACHE``
+changes that: ``0`` (or ``off``) encodes in memory as before, with no file; a folder path keeps the caches
+there, one sub-folder per dataset. A dataset whose parent folder cannot be written is encoded in memory.
+
+One file per split, languages and codec, named by them (a changed ``--max-chars`` is another file). It
+holds the SHA-256 of ``dataset.json`` and the codec's identity (kind, limits, and a hash of its symbols):
+a file made for another dataset or vocabulary is re-encoded and replaced, never used. Every array is
+checked when read (names, dtypes, shapes, offsets, code bounds, text); a damaged file is one warning
+line, then re-encoded and replaced. Files are written through a temporary sibling and renamed
+(:func:`vsecore.io.atomic_file`), so concurrent runs each see a whole file: two runs encoding at once
+write the same bytes, and the last rename wins.
+
+The arrays are the ones :func:`train.engine.data.load_caption_set` builds from a loop, bit for bit
+(``tests/test_caption_cache.py``); invalid images and ``max_images`` are applied after the cache, so one
+file serves every feature store of the dataset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from prep.dataset import DATASET_FILE, PreparedDataset
+from train.engine.codecs import TextCodec
+from vsecore import console
+from vsecore.io import atomic_file, sha256_file
+
+#: version of the file's content; a file of another version is re-encoded
+CACHE_VERSION = 1
+#: ``0``/``off``/``no``/``false``: no cache; a folder: where the caches go; unset: beside the dataset
+CACHE_ENV = "VSE_CAPTION_CACHE"
+CACHE_SUFFIX = ".vse-captions"
+_OFF = {"0", "off", "no", "false"}
+_INDEX_ARRAYS = ("image_rows", "per_image", "offsets", "text_offsets")
+
+
+@dataclass
+class SplitCaptions:
+    """Every caption of one split in one or more languages, encoded, grouped by image.
+
+    Captions are in image order (ascending ``imgid``), an image's captions grouped by language in the
+    order the languages were asked for, then as ``dataset.json`` lists them.
+    """
+
+    image_rows: np.ndarray  # (R,) int64, ascending imgid of every image with at least one caption
+    per_image: np.ndarray  # (R,) int64 >= 1, captions of each image
+    codes: np.ndarray  # (S,) int16 (vocabulary under 2**15) or int32, every caption's codes end to end
+    offsets: np.ndarray  # (M + 1,) int64, caption k is codes[offsets[k]:offsets[k + 1]]
+    texts: list[str]  # M raw texts
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def select(self, keep: np.ndarray) -> SplitCaptions:
+        """The captions of the images ``keep`` ((R,) bool), in the same order (``self`` when all are kept)."""
+        if keep.all():
+            return self
+        caption_keep = np.repeat(keep, self.per_image)
+        lengths = np.diff(self.offsets)
+        offsets = np.zeros(int(caption_keep.sum()) + 1, dtype=np.int64)
+        np.cumsum(lengths[caption_keep], out=offsets[1:])
+        return SplitCaptions(self.image_rows[keep], self.per_image[keep],
+                             self.codes[np.repeat(caption_keep, lengths)], offsets,
+                             [t for t, k in zip(self.texts, caption_keep.tolist(), strict=True) if k])
+
+
+def codes_dtype(codec: TextCodec) -> np.dtype:
+    """The dtype of a codec's flat codes: int16 when its vocabulary fits, else int32."""
+    return np.dtype(np.int16 if codec.vocab_size < 2**15 else np.int32)
+
+
+def encode_split(dataset: PreparedDataset, split: str, langs: Sequence[str], codec: TextCodec
+                 ) -> SplitCaptions:
+    """Encode every caption of ``split`` in ``langs``: the Python loop the cache saves."""
+    per_image: dict[int, list[tuple[str, tuple[str, ...]]]] = {}
+    for one in langs:
+        for s in dataset.sentences_of(split, one):
+            per_image.setdefault(s.imgid, []).append((s.raw, s.tokens))
+    rows = sorted(per_image)
+    texts: list[str] = []
+    encoded: list[np.ndarray] = []
+    for imgid in rows:
+        for raw, tokens in per_image[imgid]:
+            texts.append(raw)
+            encoded.append(codec.encode(raw, tokens).reshape(-1))
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([e.size for e in encoded])
+    codes = (np.concatenate(encoded) if encoded else np.zeros(0, dtype=np.int64)).astype(codes_dtype(codec))
+    return SplitCaptions(np.asarray(rows, dtype=np.int64),
+                         np.asarray([len(per_image[r]) for r in rows], dtype=np.int64), codes, offsets, texts)
+
+
+def codec_identity(codec: TextCodec) -> dict[str, object]:
+    """What makes two codecs encode a dataset's captions alike: kind, limits, and a hash of the symbols."""
+    vocab = codec.vocab
+    symbols = json.dumps([vocab.symbols, vocab.lowercase, vocab.pad, vocab.unk], ensure_ascii=False)
+    return {"kind": codec.kind, "max_len": codec.max_len, "word_length": codec.item_width,
+            "vocab_size": codec.vocab_size, "vocab_sha256": hashlib.sha256(symbols.encode()).hexdigest()}
+
+
+def cache_folder(root: Path) -> Path | None:
+    """Where the caches of the prepared dataset ``root`` go (``VSE_CAPTION_CACHE``), or None: no cache."""
+    setting = os.environ.get(CACHE_ENV, "").strip()
+    if setting.lower() in _OFF:
+        return None
+    if not setting:
+        return root.parent / (root.name + CACHE_SUFFIX)
+    return Path(setting).expanduser() / f"{root.name}-{hashlib.sha256(str(root).encode()).hexdigest()[:12]}"
+
+
+def cache_file(folder: Path, split: str, langs: Sequence[str], codec: TextCodec) -> Path:
+    """The file of ``split`` in ``langs`` encoded by ``codec`` inside the cache ``folder``."""
+    ident = codec_identity(codec)
+    return folder / (f"{split}.{'+'.join(langs)}.{codec.kind}-{codec.max_len}-{codec.item_width}"
+                     f".{str(ident['vocab_sha256'])[:12]}.npz")
+
+
+def split_captions(dataset: PreparedDataset, split: str, langs: Sequence[str], codec: TextCodec
+                   ) -> SplitCaptions:
+    """The encoded captions of ``split`` in ``langs``: read from the cache, or encoded and cached."""
+    folder = cache_folder(dataset.root)
+    if folder is None:
+        return encode_split(dataset, split, langs, codec)
+    path = cache_file(folder, split, langs, codec)
+    key = {"version": CACHE_VERSION, "dataset_sha256": sha256_file(dataset.root / DATASET_FILE),
+           "split": split, "langs": list(langs), "codec": codec_identity(codec)}
+    if path.is_file():
+        found = read_cache(path, key, codec, len(dataset.images))
+        if isinstance(found, SplitCaptions):
+            return found
+        say = console.detail if found.startswith("made for") else console.warning
+        say(f"caption cache {path}: {found}; encoding the captions again")
+    captions = encode_split(dataset, split, langs, codec)
+    try:
+        write_cache(path, key, captions)
+    except OSError as exc:  # a read-only or full disk: the captions are still right, only not kept
+        console.detail(f"caption cache {path} not written ({exc.strerror or exc}); captions kept in memory")
+    return captions
+
+
+def write_cache(path: Path, key: dict[str, object], captions: SplitCaptions) -> None:
+    """Write ``captions`` and their ``key`` into ``path`` (a temporary sibling, then a rename)."""
+    text = "".join(captions.texts)
+    text_offsets = np.zeros(len(captions.texts) + 1, dtype=np.int64)
+    np.cumsum([len(t) for t in captions.texts], out=text_offsets[1:])
+    arrays = {"meta": np.frombuffer(json.dumps(key).encode(), dtype=np.uint8),
+              "image_rows": captions.image_rows, "per_image": captions.per_image, "codes": captions.codes,
+              "offsets": captions.offsets, "text": np.frombuffer(text.encode("utf-8"), dtype=np.uint8),
+              "text_offsets": text_offsets}
+    with atomic_file(path) as fh:
+        np.savez(fh, **arrays)
+
+
+def read_cache(path: Path, key: dict[str, object], codec: TextCodec, n_images: int) -> SplitCaptions | str:
+    """The captions in ``path`` if it holds ``key``'s and every array checks out, else why not (a phrase)."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {name: npz[name] for name in npz.files}
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+        return f"unreadable ({type(exc).__name__}: {exc})"
+    try:
+        meta = json.loads(arrays.pop("meta").tobytes().decode("utf-8"))
+    except (KeyError, ValueError) as exc:
+        return f"unreadable record ({type(exc).__name__})"
+    if meta != key:
+        what = "dataset" if meta.get("dataset_sha256") != key["dataset_sha256"] else "codec or version"
+        return f"made for another {what}"
+    why = check_arrays(arrays, codec, n_images)
+    if why:
+        return why
+    try:
+        text = arrays["text"].tobytes().decode("utf-8")
+    except UnicodeDecodeError:
+        return "its text is not UTF-8"
+    bounds = arrays["text_offsets"]
+    if bounds[-1] != len(text) or (np.diff(bounds) < 0).any():
+        return "its text offsets do not fit its text"
+    texts = [text[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)]
+    return SplitCaptions(arrays["image_rows"], arrays["per_image"], arrays["codes"], arrays["offsets"], texts)
+
+
+def check_arrays(arrays: dict[str, np.ndarray], codec: TextCodec, n_images: int) -> str | None:
+    """Why the arrays of a cache file cannot be the encoded captions of ``codec`` (None when they can)."""
+    expected = {*_INDEX_ARRAYS, "codes", "text"}
+    if set(arrays) != expected:
+        return f"arrays {sorted(arrays)} instead of {sorted(expected)}"
+    wrong = [n for n in _INDEX_ARRAYS if arrays[n].dtype != np.int64 or arrays[n].ndim != 1]
+    if wrong or arrays["codes"].dtype != codes_dtype(codec) or arrays["text"].dtype != np.uint8:
+        return f"wrong dtype or shape ({', '.join(wrong) or 'codes or text'})"
+    rows, per_image, codes, offsets = (arrays[n] for n in ("image_rows", "per_image", "codes", "offsets"))
+    m = len(offsets) - 1
+    if m < 0 or len(per_image) != len(rows) or len(arrays["text_offsets"]) != m + 1 or per_image.sum() != m:
+        return "array lengths disagree"
+    if len(rows) and (rows[0] < 0 or rows[-1] >= n_images or (np.diff(rows) <= 0).any()
+                      or per_image.min() < 1):
+        return f"image rows not ascending within the dataset's {n_images} images"
+    steps = np.diff(offsets)
+    width = codec.item_width
+    if offsets[0] != 0 or offsets[-1] != len(codes) or (steps < width).any() or (steps % width).any():
+        return "caption offsets do not fit the codes"
+    if len(codes) and (codes.min() < 0 or codes.max() >= codec.vocab_size):
+        return f"codes outside the vocabulary of {codec.vocab_size} symbols"
+    if arrays["text_offsets"][0] != 0:
+        return "its text offsets do not start at 0"
+    return None
