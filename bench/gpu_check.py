@@ -1,0 +1,389 @@
+"""One call that runs every CUDA path of the toolkit on synthetic data and writes one JSON of its numbers.
+
+From a fresh clone, with no data and no network (random weights, random images and features made here):
+
+- **extraction**: ``features.mapper.ImageMapper`` (10 crops per image, the paper's) on ``--images``
+  synthetic 640 x 480 images, global features and the Full-Network Embedding, float32 and bf16 AMP;
+- **steps**: every registered family's model, objective and :class:`train.engine.trainer.Trainer` step
+  (forward, loss, backward, Adam) at its COCO defaults on its own feature shape (4,096-d globals, the 12,416-d
+  int8 FNE, 49 x 1,280 float16 regions), ``--steps`` steps in float32 and in bf16 autocast, and
+  ``--cpu-steps`` on the CPU beside them;
+- **evaluation**: COCO-5k and COCO-1k (5,000 images, 25,000 captions, d 1,024) ranked on the device, order
+  violation and cosine (``train.retrieval.evaluate.evaluate_protocols``);
+- **loader**: batches of region features read per batch from a sharded store
+  (``features.rows.StoreRows``), ``--workers 0`` and ``--workers 2`` with pinned memory, moved to the device.
+
+The first error (a CUDA error, out of memory, no CUDA at all) ends the check in one line on stderr, exit 1,
+after the JSON of what ran before it: nothing falls back to the CPU. ``--dry`` runs tiny sizes (the test
+suite runs ``--device cpu --dry``).
+
+    make gpu-check                                                        # --device cuda, gpu_check.json
+    python bench/gpu_check.py --device cuda --json gpu_check.json         # the same
+    PYTHONPATH=. python bench/gpu_check.py --device cpu --dry --json /tmp/check.json   # the suite's check
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from features.backbones import load_backbone  # noqa: E402
+from features.mapper import ImageMapper  # noqa: E402
+from features.rows import open_rows  # noqa: E402
+from features.store import FeatureStore  # noqa: E402
+from prep.dataset import Vocabulary  # noqa: E402
+from train.engine.codecs import TextCodec  # noqa: E402
+from train.engine.data import CaptionSet, ImageRows, batch_loader  # noqa: E402
+from train.engine.inference import batch_to  # noqa: E402
+from train.engine.trainer import Trainer  # noqa: E402
+from train.models.family import build_objective, model_spec, train_settings, with_family_defaults  # noqa: E402
+from train.models.joint import build_model  # noqa: E402
+from train.retrieval.evaluate import evaluate_protocols  # noqa: E402
+from vsecore.device import resolve_device  # noqa: E402
+
+MIB = 2**20
+#: family -> the features its COCO pipeline reads: (row shape, stored dtype)
+FEATURES = {"chain": ((4096,), "float32"), "oecc": ((4096,), "float32"), "seam": ((4096,), "float32"),
+            "vse": ((12416,), "int8"), "clmr": ((49, 1280), "float16"), "liwe": ((49, 1280), "float16")}
+#: ``--dry``: small features and models (the same code paths, a fraction of the work)
+DRY_FEATURES = {"chain": (64,), "oecc": (64,), "seam": (64,), "vse": (64,), "clmr": (4, 32), "liwe": (4, 32)}
+DRY_SETTINGS = {"chain": {"p": 0.125}, "oecc": {"arch": "A"}, "seam": {"gru_units": 16},
+                "vse": {"word_dim": 16}, "liwe": {"layers": [16, 16]}}
+ALPHABET, WORDS, DRY_WORDS, WORD_LENGTH = 72, 20_000, 500, 16
+#: batches collated before the timed steps, which cycle through them (the step is timed, not the collation)
+POOL = 8
+#: sizes of a real check and of ``--dry``
+SIZES = {"real": {"images": 300, "cnn": "vgg19", "input_size": None, "steps": 200, "cpu_steps": 2,
+                  "batch": 128, "train_images": 1024, "eval_images": 5000, "eval_protocols": ("5k", "1k"),
+                  "loader_rows": 1024, "loader_batches": 40},
+         "dry": {"images": 1, "cnn": "resnet18", "input_size": 32, "steps": 2, "cpu_steps": 1, "batch": 8,
+                 "train_images": 16, "eval_images": 40, "eval_protocols": ("all",), "loader_rows": 24,
+                 "loader_batches": 3}}
+
+
+class CheckFailed(Exception):
+    """The first error of a stage: ends the check (one line)."""
+
+
+class Check:
+    """The JSON being written, the device, and the stage now running."""
+
+    def __init__(self, args: argparse.Namespace, device: torch.device) -> None:
+        self.args, self.device, self.t0 = args, device, time.perf_counter()
+        self.sizes = dict(SIZES["dry" if args.dry else "real"])
+        for key in ("images", "steps", "cpu_steps"):
+            if getattr(args, key) is not None:
+                self.sizes[key] = getattr(args, key)
+        self.out: dict[str, Any] = {"machine": machine(device), "sizes": jsonable(self.sizes), "error": None}
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[dict[str, Any]]:
+        """Run one stage: its numbers go into ``out[name]``; any exception becomes :class:`CheckFailed`."""
+        record: dict[str, Any] = {}
+        self.out[name] = record
+        t0 = time.perf_counter()
+        try:
+            yield record
+            sync(self.device)  # an asynchronous CUDA error is this stage's, not the next one's
+        except Exception as exc:  # noqa: BLE001 - every error ends the check, named in one line
+            message = (str(exc).strip().splitlines() or [""])[0]
+            raise CheckFailed(f"{name}: {type(exc).__name__}: {message}") from exc
+        record["wall_s"] = round(time.perf_counter() - t0, 3)
+        total = time.perf_counter() - self.t0
+        print(f"gpu_check: {name} done in {record['wall_s']:.1f} s ({total:.0f} s in all)", flush=True)
+
+
+def machine(device: torch.device) -> dict[str, Any]:
+    """The device's name and the CPU's, as the JSON reports them."""
+    cpu = platform.processor()
+    with contextlib.suppress(OSError):
+        names = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                 if ln.startswith("model name")]
+        cpu = names[0] if names else cpu
+    info = {"device": str(device), "device_name": cpu if device.type == "cpu" else "", "cpu": cpu,
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "load_average": [round(v, 2) for v in os.getloadavg()]}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(device_name=props.name, device_memory_mib=props.total_memory // MIB,
+                    cuda=torch.version.cuda, capability=f"{props.major}.{props.minor}")
+    return info
+
+
+def jsonable(value: Any) -> Any:
+    """Tuples as lists (for the JSON)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in value.items()}
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (where a CUDA error of that work surfaces)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_mib(device: torch.device) -> float | None:
+    """Peak memory allocated on the device since the last reset, MiB (None on the CPU)."""
+    return round(torch.cuda.max_memory_allocated(device) / MIB, 1) if device.type == "cuda" else None
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def timed(fn: Any, device: torch.device) -> float:
+    """Seconds of ``fn()``, the device's queue drained before and after."""
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+# -- extraction --------------------------------------------------------------------------------------
+
+def extraction(check: Check, record: dict[str, Any]) -> None:
+    """Images/s of the mapper (10 crops) for global features and the FNE, float32 and AMP, and on the CPU."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (480, 640, 3), dtype=np.uint8))
+              for _ in range(check.sizes["images"])]
+    backbone = load_backbone(check.sizes["cnn"], "none", input_size=check.sizes["input_size"])
+    record["cnn"] = f"{check.sizes['cnn']} (random weights), {len(images)} images of 640 x 480, 10 crops"
+    for kind in ("global", "fne"):
+        for amp in (False, True):
+            reset_peak(check.device)
+            mapper = ImageMapper(backbone, kind=kind, crops=10, batch_size=160 if not check.args.dry else 20,
+                                 device=check.device, amp=amp)
+            mapper(images[:1])  # warm-up: cuDNN picks its kernels
+            seconds = timed(lambda m=mapper: m(images), check.device)
+            record[f"{kind}_{'amp' if amp else 'float32'}"] = {
+                "images_per_s": round(len(images) / seconds, 2), "peak_gpu_mib": peak_mib(check.device)}
+    if check.device.type != "cpu":  # the CPU beside it, on a few images
+        few = images[: max(1, min(8, len(images)))]
+        mapper = ImageMapper(backbone, kind="global", crops=10, batch_size=10, device="cpu")
+        record["global_cpu"] = {"images_per_s": round(len(few) / timed(lambda: mapper(few), check.device), 2)}
+    backbone.model.to("cpu")
+
+
+# -- every family's step -----------------------------------------------------------------------------
+
+def codec_of(text_input: str, words: int = WORDS) -> TextCodec:
+    """A codec over a made-up vocabulary of the family's text input (``words`` words for ``words``)."""
+    if text_input == "words":
+        return TextCodec("words", Vocabulary(["<pad>", "<unk>"] + [f"w{k}" for k in range(words - 2)]), 50)
+    chars = Vocabulary(["<pad>", "<unk>"] + [chr(ord("!") + k) for k in range(ALPHABET - 2)])
+    if text_input == "word_chars":
+        return TextCodec("word_chars", chars, 50, WORD_LENGTH)
+    return TextCodec("chars", chars, 256)
+
+
+def random_codes(codec: TextCodec, m: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``m`` random captions of COCO length: ``(codes (S,) int16, offsets (m + 1,) int64)``."""
+    if codec.kind == "chars":
+        lengths = np.clip(rng.normal(55, 12, m).round(), 20, 150).astype(np.int64)
+        codes = rng.integers(2, codec.vocab_size, int(lengths.sum()))
+    else:
+        lengths = np.clip(rng.normal(11, 2.5, m).round(), 6, 25).astype(np.int64)
+        codes = rng.integers(2, codec.vocab_size, int(lengths.sum()))
+        if codec.kind == "word_chars":  # words of 2..10 characters, zero-padded to the word length
+            spelled = rng.integers(2, codec.vocab_size, (len(codes), WORD_LENGTH))
+            spelled[np.arange(WORD_LENGTH) >= rng.integers(2, 11, len(codes))[:, None]] = 0
+            codes, lengths = spelled.reshape(-1), lengths * WORD_LENGTH
+    offsets = np.zeros(m + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return codes.astype(np.int16), offsets
+
+
+def random_features(shape: tuple[int, ...], dtype: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    """(n, *shape) features: ternary for int8 (the FNE), rectified normal values otherwise."""
+    if dtype == "int8":
+        return rng.integers(-1, 2, (n, *shape), dtype=np.int8)
+    return np.maximum(rng.standard_normal((n, *shape), dtype=np.float32), 0).astype(dtype)
+
+
+def caption_set(features: Any, codec: TextCodec, n: int, rng: np.random.Generator,
+                counts: torch.Tensor | None = None) -> CaptionSet:
+    """Five random captions per image of ``features`` (an array or the rows of a store)."""
+    codes, offsets = random_codes(codec, 5 * n, rng)
+    return CaptionSet(split="train", lang="en", images=ImageRows(features, np.arange(n), counts),
+                      imgids=np.arange(n), codes=codes, offsets=offsets,
+                      caption_image=np.repeat(np.arange(n), 5),
+                      texts=[""] * (5 * n), skipped_images=0, codec=codec)
+
+
+def family_steps(check: Check, family: str, record: dict[str, Any]) -> None:
+    """Step ms, captions/s and peak device memory of ``family``: float32, bf16 autocast, and the CPU."""
+    shape, dtype = FEATURES[family]
+    shape = DRY_FEATURES[family] if check.args.dry else shape
+    sizes = {"d": 32, **DRY_SETTINGS.get(family, {})} if check.args.dry else {}
+    rng = np.random.default_rng(1)
+    n, batch = check.sizes["train_images"], check.sizes["batch"]
+    x = torch.from_numpy(random_features(shape, dtype, n, rng))
+    counts = torch.full((n,), shape[0], dtype=torch.int64) if len(shape) == 2 else None
+    runs = [("float32", check.device, False, check.sizes["steps"]),
+            ("bf16", check.device, True, check.sizes["steps"])]
+    if check.device.type != "cpu" and check.sizes["cpu_steps"]:
+        runs.append(("cpu", torch.device("cpu"), False, check.sizes["cpu_steps"]))
+    for label, device, amp, steps in runs:
+        extra = {"word_length": WORD_LENGTH} if family == "liwe" else {}
+        s = with_family_defaults(train_settings(family=family, out="gpu-check", batch_size=batch, amp=amp,
+                                                device=str(device), **extra, **sizes), "coco")
+        spec = model_spec(s)
+        codec = codec_of(spec.text_input, DRY_WORDS if check.args.dry else WORDS)
+        data = caption_set(x, codec, n, rng, counts)
+        torch.manual_seed(0)
+        model = build_model(s, codec.vocab_size, shape, spec)
+        reset_peak(device)
+        with tempfile.TemporaryDirectory() as run_dir:
+            trainer = Trainer(s, model, build_objective(s), data, data, Path(run_dir), device,
+                              log=lambda _: None)
+            if next(model.parameters()).device.type != device.type:
+                raise RuntimeError(f"the model is on {next(model.parameters()).device}, not {device}")
+            order = torch.randperm(len(data), generator=torch.Generator().manual_seed(0)).numpy()
+            pool = [data.batch(order[(k * batch) % (len(order) - batch):][:batch]) for k in range(POOL)]
+            for b in pool[:2]:
+                trainer._step(b)  # warm-up: kernels chosen, Adam's moments allocated
+            seconds = timed(lambda t=trainer, k=steps, p=pool: [t._step(p[i % POOL]) for i in range(k)],
+                            device)
+        record[label] = {"step_ms": round(1000 * seconds / steps, 2), "peak_gpu_mib": peak_mib(device),
+                         "captions_per_s": round(steps * batch / seconds, 1)}
+    record["parameters"] = model.parameter_report()["total"]
+    record["text_input"], record["features"] = spec.text_input, f"{list(shape)} {dtype}"
+
+
+# -- evaluation and the loader -------------------------------------------------------------------------
+
+def evaluation(check: Check, record: dict[str, Any]) -> None:
+    """Seconds to rank COCO-5k and COCO-1k on the device (order violation and cosine), twice each."""
+    n, d = check.sizes["eval_images"], 1024
+    gen = torch.Generator().manual_seed(2)
+    images = torch.nn.functional.normalize(torch.randn(n, d, generator=gen), dim=1).abs()
+    captions = torch.nn.functional.normalize(torch.randn(5 * n, d, generator=gen), dim=1).abs()
+    caption_image = torch.arange(5 * n) // 5
+    protocols = check.sizes["eval_protocols"]
+    record["embeddings"] = f"{n} images, {5 * n} captions, d {d}; protocols {', '.join(protocols)}"
+    for measure in ("order", "cosine"):
+        reset_peak(check.device)
+        seconds = [timed(lambda m=measure: evaluate_protocols(images, captions, caption_image, m, protocols,
+                                                              device=check.device), check.device)
+                   for _ in range(2)]
+        record[measure] = {"first_s": round(seconds[0], 3), "second_s": round(seconds[1], 3),
+                           "peak_gpu_mib": peak_mib(check.device)}
+
+
+def region_store(path: Path, n: int, rng: np.random.Generator) -> str:
+    """A complete store of ``n`` rows of 49 x 1,280 float16 regions (sharded, as ``features regions``)."""
+    store = FeatureStore.create(path, np.arange(n), {"regions": (49, 1280), "counts": ()}, block_size=256,
+                                config={"kind": "regions"}, provenance={"network": "random (gpu_check)"},
+                                dtypes={"regions": "float16", "counts": "int32"})
+    for b in range(store.n_blocks):
+        start, stop = store.block_rows(b)
+        store.write_block(b, {"regions": random_features((49, 1280), "float16", stop - start, rng),
+                              "counts": np.full(stop - start, 49, np.int32)}, np.ones(stop - start, bool), [])
+    store.set_attrs(complete=True)
+    return f"{path}:regions"
+
+
+def loader(check: Check, record: dict[str, Any]) -> None:
+    """Captions/s of batches read from a region store and moved to the device, with 0 and 2 workers."""
+    rng = np.random.default_rng(3)
+    n, batch = check.sizes["loader_rows"], check.sizes["batch"]
+    with tempfile.TemporaryDirectory() as folder:
+        t0 = time.perf_counter()
+        rows, _ = open_rows(region_store(Path(folder) / "regions.zarr", n, rng))
+        record["store_write_s"] = round(time.perf_counter() - t0, 2)
+        data = caption_set(rows, codec_of("words"), n, rng, torch.full((n,), 49, dtype=torch.int64))
+        order = torch.randperm(len(data), generator=torch.Generator().manual_seed(0)).numpy()
+        batches = [order[(k * batch) % (len(order) - batch):][:batch]
+                   for k in range(check.sizes["loader_batches"])]
+        for workers in (0, 2):
+            def run(w: int = workers) -> None:
+                for b in batch_loader(data, batches, workers=w, pin_memory=check.device.type == "cuda"):
+                    batch_to(b, check.device)
+
+            seconds = timed(run, check.device)
+            record[f"workers_{workers}"] = {"captions_per_s": round(len(batches) * batch / seconds, 1),
+                                            "batch_ms": round(1000 * seconds / len(batches), 1)}
+
+
+# -- the command ---------------------------------------------------------------------------------------
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu (with --dry)")
+    p.add_argument("--dry", action="store_true", help="tiny sizes (a few seconds of work)")
+    p.add_argument("--json", metavar="FILE", default="gpu_check.json", help="where the numbers go")
+    p.add_argument("--families", nargs="+", default=list(FEATURES), choices=list(FEATURES),
+                   help="families to step (default: every one)")
+    p.add_argument("--images", type=int, help="images to extract (default 300; --dry 2)")
+    p.add_argument("--steps", type=int, help="timed steps per family and precision (default 200; --dry 2)")
+    p.add_argument("--cpu-steps", type=int, help="steps on the CPU beside the device's (default 2; 0: none)")
+    return p.parse_args(argv)
+
+
+def run_check(check: Check) -> None:
+    """Every stage in turn, the JSON rewritten after each."""
+    with check.stage("extraction") as record:
+        extraction(check, record)
+    write(check)
+    for family in check.args.families:
+        with check.stage(f"steps.{family}") as record:
+            family_steps(check, family, record)
+        write(check)
+    with check.stage("evaluation") as record:
+        evaluation(check, record)
+    write(check)
+    with check.stage("loader") as record:
+        loader(check, record)
+
+
+def write(check: Check) -> None:
+    check.out["wall_s"] = round(time.perf_counter() - check.t0, 1)
+    Path(check.args.json).write_text(json.dumps(check.out, indent=1) + "\n", encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        device = resolve_device(args.device)
+        if args.device.startswith("cuda") and device.type != "cuda":
+            raise RuntimeError(f"--device {args.device} resolved to {device}")
+    except Exception as exc:  # noqa: BLE001 - no CUDA is the first error: one line, no CPU fallback
+        print(f"gpu_check: error: device: {(str(exc).splitlines() or [''])[0]}", file=sys.stderr)
+        return 1
+    if device.type != "cuda" and not args.dry:
+        print("gpu_check: error: a full check runs on a GPU (--device cuda); use --dry for the CPU",
+              file=sys.stderr)
+        return 1
+    check = Check(args, device)
+    try:
+        run_check(check)
+    except CheckFailed as failed:
+        check.out["error"] = str(failed)
+        write(check)
+        print(f"gpu_check: error: {failed}", file=sys.stderr)
+        return 1
+    write(check)
+    print(f"gpu_check: all stages passed in {check.out['wall_s']:.0f} s; numbers in {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
