@@ -394,10 +394,11 @@ def add_textcls_parser(sub: Any, common: Any) -> None:
         "textcls", help="text classification CSV (AG News, DBPedia, Yelp, Amazon; or any CSV/TSV)",
         description="A text classification dataset (CHAIN-VSE section 5): the Zhang et al. CSV family "
         "(\"class\",\"title\",\"description\"; 1-based class index naming a line of classes.txt; doubled "
-        "quotes; new lines escaped as backslash-n) or a generic CSV/TSV with a header (--label-col, "
-        "--text-cols, optional --lang-col). Official train/test files are kept; val is carved from train, "
-        "stratified and seeded (--val-fraction); --test-fraction splits a single file. Writes texts, "
-        "labels, label names, splits, languages and the train-only chars.json/words.json.")
+        "quotes; HTML entities, their broken '#39;'/'quot;' forms and backslash escapes decoded and counted "
+        "in prep.json; title and description joined by ' \u00b6 ') or a generic CSV/TSV with a header "
+        "(--label-col, --text-cols, optional --lang-col). Official train/test files are kept; val is carved "
+        "from train, stratified and seeded (--val-fraction); --test-fraction splits a single file. Writes "
+        "texts, labels, label names, splits, languages and the train-only chars.json/words.json.")
     p.add_argument("--train", dest="train_file", metavar="FILE", default=None,
                    help="train file (or the single file that --test-fraction splits)")
     p.add_argument("--test", dest="test_file", metavar="FILE", default=None, help="official test file")
