@@ -20,6 +20,7 @@ from PIL import Image
 from features.backbones import Backbone, load_backbone
 from features.crops import image_crops
 from features.fne import FullNetworkRecorder
+from features.images import INPUT_SIZE_RANGE, MAX_RESIZE, check_sizes
 from vsecore.device import resolve_device
 from vsecore.errors import UserError
 
@@ -102,7 +103,9 @@ class ImageMapper:
     def from_config(cls, config: dict[str, Any]) -> ImageMapper:
         """Build from :attr:`config`'s plain dict (``cnn``, ``weights``, ``kind``, ``crops``,
         ``batch_size``, ``device``, ``amp``, optional ``allow_download``, ``input_size``, ``resize``,
-        ``seed``, ``threads``), e.g. once per Dask worker."""
+        ``seed``, ``threads``), e.g. once per Dask worker. A configuration read from a file (a model
+        folder's record of its store) is checked first (:func:`check_extractor_config`)."""
+        check_extractor_config(config)
         backbone = load_backbone(
             config["cnn"],
             config.get("weights", "imagenet"),
@@ -220,3 +223,32 @@ class ImageMapper:
                 per_crop = torch.cat(feats).view(len(group), self.crops, width)
                 out[start : start + len(group)] = per_crop.mean(dim=1).cpu().numpy()
         return {name: out}
+
+
+#: the whole-number fields of an extractor configuration, and the most each may be
+EXTRACTOR_INTEGERS = {"crops": 10, "batch_size": 1 << 16, "seed": 2**32 - 1, "threads": 4096,
+                      "input_size": INPUT_SIZE_RANGE[1], "resize": MAX_RESIZE}
+
+
+def check_extractor_config(config: dict[str, Any]) -> None:
+    """A one-line UserError unless the numbers of an extractor configuration (``crops``, ``batch_size``,
+    ``seed``, ``threads``, ``input_size``, ``resize``) are whole numbers in the ranges the ``features``
+    options allow (:func:`features.images.check_sizes`), and ``amp``/``allow_download`` are booleans:
+    a configuration read from a file never reaches the network or an allocation unchecked."""
+    for key, most in EXTRACTOR_INTEGERS.items():
+        value = config.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or not 0 <= value <= most):
+            raise UserError(f"the extractor configuration's {key} {_shown(value)} is not a whole number "
+                            f"from 0 to {most}")
+    for key in ("amp", "allow_download"):
+        if not isinstance(config.get(key, False), bool):
+            raise UserError(f"the extractor configuration's {key} {_shown(config[key])} is not true or false")
+    check_sizes(config.get("input_size"), config.get("resize"))
+
+
+def _shown(value: Any) -> str:
+    """``value`` for a message in about 40 characters (an integer of thousands of digits: its size)."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"(an integer of {value.bit_length()} bits)"
+    return repr(value)[:40]

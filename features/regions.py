@@ -71,7 +71,7 @@ from torch import nn
 
 from features.backbones import Backbone, VGGFc7, load_backbone
 from features.crops import to_normalized_tensor
-from features.mapper import check_pass_options, pinned_threads
+from features.mapper import check_extractor_config, check_pass_options, pinned_threads
 from vsecore.device import resolve_device
 from vsecore.errors import UserError
 
@@ -172,7 +172,9 @@ class GridRegionMapper:
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> GridRegionMapper:
         """Build from :attr:`config`'s plain dict (``cnn``, ``weights``, ``input_size``, ``batch_size``,
-        ``device``, ``amp``, optional ``allow_download``, ``seed``)."""
+        ``device``, ``amp``, optional ``allow_download``, ``seed``), checked first
+        (:func:`features.mapper.check_extractor_config`)."""
+        check_extractor_config(config)
         backbone = load_backbone(config["cnn"], config.get("weights", "imagenet"),
                                  bool(config.get("allow_download", False)),
                                  input_size=config.get("input_size"), seed=int(config.get("seed", 0)))

@@ -7,6 +7,7 @@ Real COCO images of ``coco_sample``; ``features cnn`` with EfficientNet-Lite0, r
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -537,3 +538,31 @@ def test_vanished_images_folder_stops_a_dask_run_too(coco_sample, tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "the images folder looks unavailable" in err and "blocks kept" in err
     assert not FeatureStore(out).block_failures()
+
+
+@pytest.mark.parametrize("key,value,names", [
+    ("resize", 10**6, "resize 1000000 is not a whole number from 0 to 4096"),
+    ("resize", 100, "--resize 100: must be between 224"),
+    ("input_size", 10**6, "input_size 1000000"),
+    ("crops", "10", "crops '10' is not a whole number"),
+    ("batch_size", 1.5, "batch_size 1.5"),
+    ("seed", -1, "seed -1"),
+    ("amp", "yes", "amp 'yes' is not true or false"),
+    ("resize", 10**5000, "resize (an integer of 16610 bits)"),
+], ids=["resize-1e6", "resize-below-crop", "input_size-1e6", "crops-string", "batch-float", "seed-negative",
+        "amp-string", "resize-5000-digits"])
+def test_a_recorded_extractor_configuration_is_checked_before_the_network_loads(monkeypatch, key, value,
+                                                                                names):
+    """A model folder's record of its store configures the featurizer: every number is bounded as the
+    `features` options are, before the backbone is built or any image resized."""
+    from features.mapper import ImageMapper
+    from features.regions import GridRegionMapper
+
+    for module in ("features.mapper", "features.regions"):
+        monkeypatch.setattr(f"{module}.load_backbone", lambda *a, **k: pytest.fail("the network was built"))
+    config = {"cnn": "vgg16", "weights": "none", "kind": "global", "input_size": 224, key: value}
+    for mapper in (ImageMapper, GridRegionMapper):
+        if mapper is GridRegionMapper and key in ("resize", "crops"):
+            continue
+        with pytest.raises(UserError, match=re.escape(names)):
+            mapper.from_config(config)
