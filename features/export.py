@@ -173,6 +173,13 @@ def export_store(spec: str, data: str | os.PathLike, fmt: str, out: str | os.Pat
     if fmt == "butd-tsv":
         del x
         return [_export_butd_tsv(store, dataset, np.sort(np.concatenate(list(rows.values()))), valid, out)]
+    return _export_precomp(store, dataset, x, rows, out, regions, captions_per_image)
+
+
+def _export_precomp(store: FeatureStore, dataset: PreparedDataset, x: np.ndarray, rows: dict[str, np.ndarray],
+                    out: Path, regions: bool, captions_per_image: int | None) -> list[Path]:
+    """The precomp files of every part of ``rows`` (:func:`_precomp_parts`) into ``out``; returns them."""
+    path = store.path
     counts = stored_region_counts(store) if regions else None
     if counts is not None and len(np.unique(counts)) > 1:
         console.warning(f"{path}: regions per image vary ({int(counts.min())} to {int(counts.max())}): the "
