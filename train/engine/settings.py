@@ -28,6 +28,13 @@ DRY_RUN_VOCABULARY = 11360
 #: region rows of a --dry-run without --features: the paper's 36 BUTD regions of 2,048 dimensions
 DRY_RUN_REGIONS = (36, 2048)
 
+#: the largest joint dimension, caption length (characters or words) and batch a run may declare: 64 times
+#: the papers' largest (d 1024, 1014 characters, batch 128), so a hostile config.json or model.json cannot
+#: ask for gigabytes (docs/safety.md, "Opening a shared run or model")
+MAX_JOINT_DIM = 65_536
+MAX_TEXT_LENGTH = 65_536
+MAX_BATCH_SIZE = 65_536
+
 
 class FamilyConfig(BaseModel):
     """Base of a family's own settings: its fields (with defaults and help text as ``description``) and
@@ -55,9 +62,10 @@ class TrainSection(Section):
     #: language of the training and validation captions (``lang`` of the prepared sentences)
     lang: str = Field("en", description="language of the captions to train on")
     #: character models read at most this many characters of a caption
-    max_chars: int = Field(256, ge=1, description="captions are cut to this many characters")
+    max_chars: int = Field(256, ge=1, le=MAX_TEXT_LENGTH,
+                           description="captions are cut to this many characters")
     #: word models read at most this many words of a caption
-    max_words: int = Field(100, ge=1, description="captions are cut to this many words")
+    max_words: int = Field(100, ge=1, le=MAX_TEXT_LENGTH, description="captions are cut to this many words")
     #: word models: words seen fewer times in the train split map to <unk>
     min_word_count: int = Field(1, ge=1, description="words seen fewer times in the train split map to "
                                 "<unk> (1: every train word)")
@@ -65,7 +73,7 @@ class TrainSection(Section):
         "all", description="'all': every caption once per epoch (CHAIN-VSE, OECC, SEAM); 'one': one random "
         "caption per image per epoch (FNE paper)")
     # -- model and loss
-    d: int = Field(1024, ge=1, description="dimension of the joint embedding")
+    d: int = Field(1024, ge=1, le=MAX_JOINT_DIM, description="dimension of the joint embedding")
     measure: Literal["order", "cosine"] = Field("order", description="similarity: order violation or cosine")
     order_sqrt: bool = Field(False, description="take the square root of the order violation, as the "
                              "released code does")
@@ -74,8 +82,9 @@ class TrainSection(Section):
     margin: float = Field(0.05, ge=0, description="contrastive margin alpha")
     # -- optimisation
     #: a batch's other pairs are the contrastive examples, so a batch needs at least two
-    batch_size: int = Field(128, ge=2, description="image-caption pairs per batch; the others are the "
-                            "contrastive examples")
+    batch_size: int = Field(128, ge=2, le=MAX_BATCH_SIZE,
+                            description="image-caption pairs per batch; the others are the contrastive "
+                            "examples")
     lr: float = Field(1e-3, gt=0, description="Adam learning rate")
     lr_decay_patience: int = Field(3, ge=1, description="divide the learning rate by 10 after this many "
                                    "epochs without a better validation rsum")
