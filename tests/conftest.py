@@ -68,3 +68,29 @@ def multi30k_dir() -> Path:
 def coco_annotation_samples() -> Path:
     """First 100 images/annotations of the official COCO caption files."""
     return _need("coco_annotation_samples")
+
+
+# -- inputs several test files build (helpers.py builds them; a module-scoped fixture per file that asks) ----
+@pytest.fixture(scope="module")
+def textcls_prepared(tmp_path_factory) -> Path:
+    """A tiny prepared classification dataset (:func:`helpers.prepare_tiny_textcls`)."""
+    from helpers import prepare_tiny_textcls
+
+    return prepare_tiny_textcls(tmp_path_factory.mktemp("textcls"))
+
+
+@pytest.fixture(scope="module")
+def compare_inputs(tmp_path_factory) -> dict[str, str]:
+    """The inputs of a tiny ``train compare`` (:func:`helpers.make_compare_inputs`)."""
+    from helpers import make_compare_inputs
+
+    return make_compare_inputs(tmp_path_factory.mktemp("compare"))
+
+
+@pytest.fixture(scope="module")
+def tiny_chain_run(tmp_path_factory) -> Path:
+    """One epoch of the tiny CHAIN-VSE on :func:`helpers.safety_inputs` (a finished run directory)."""
+    from helpers import safety_inputs, train_tiny_chain
+
+    data = safety_inputs(tmp_path_factory.mktemp("tiny-run"))
+    return train_tiny_chain(data, tmp_path_factory.mktemp("trained") / "run")

@@ -255,3 +255,245 @@ def make_region_store(path: Path, dataset: Path, with_counts: bool = True, seed:
     store.write_block(0, rows, np.ones(n, dtype=bool), [])
     store.set_attrs(complete=True)
     return path
+
+
+# -- training runs: shared by the trainer, checkpoint, compare and fault tests -------------------------------
+#: the per-epoch timing fields of metrics.jsonl (they differ between two identical runs)
+TIMING_KEYS = {"time_s", "train_time_s", "val_time_s", "captions_per_s"}
+#: a tiny retrieval model for `train <family>` (CHAIN-VSE with 1/8 of its filters, d 32)
+TINY = ["--p", "0.125", "--d", "32", "--batch-size", "4", "--seed", "3", "--device", "cpu"]
+#: a tiny classifier: CHAIN-VSE v1 with 16 filters per stream, short texts
+CLASSIFY_TINY = ["--encoder", "chain", "--p", "0.0625", "--max-chars", "48", "--batch-size", "8", "--dropout",
+                 "0.1", "--device", "cpu"]
+
+
+def train_cli(argv: list[str]) -> int:
+    """``train <family> ...`` in process, through the same error wrapper as the console command."""
+    import argparse
+
+    from train.cli import fit as fit_cli
+    from vsecore.errors import run_cli
+
+    def main(a: list[str]) -> int:
+        parser = argparse.ArgumentParser(prog="train")
+        fit_cli.register(parser.add_subparsers(dest="command", required=True))
+        args = parser.parse_args(a)
+        return args.func(args)
+
+    return run_cli(main, argv, "train")
+
+
+#: runs ``train`` with only the family subcommands of train.retrieval.fit, in a subprocess
+TRAIN_RUNNER = """
+import argparse, sys
+from vsecore.errors import run_cli
+from train.cli import fit as fit_cli
+def main(argv):
+    parser = argparse.ArgumentParser(prog="train")
+    fit_cli.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+sys.exit(run_cli(main, sys.argv[1:], "train"))
+"""
+#: small VSE settings (the seam/vse tests and a checkpoint test)
+VSE_SMALL = ["--word-dim", "16", "--d", "32", "--batch-size", "8", "--seed", "1", "--device", "cpu"]
+
+
+def train_subprocess(argv: list[str]) -> subprocess.Popen:
+    """``train <family> ...`` (:data:`TRAIN_RUNNER`) in a subprocess of one thread, stderr piped."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-c", TRAIN_RUNNER, *argv], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def metrics_without_timings(run: Path) -> list[dict]:
+    """The run's metrics.jsonl records without their timing fields (:data:`TIMING_KEYS`)."""
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in lines]
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    """The model tensors of checkpoints ``a`` and ``b`` are equal, bit for bit."""
+    import torch
+
+    from train.run.checkpoint import load_checkpoint
+
+    sa, sb = load_checkpoint(a)["model"], load_checkpoint(b)["model"]
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        assert torch.equal(sa[key], sb[key]), key
+
+
+def copy_run(run: Path, to: Path) -> Path:
+    """A copy of run directory ``run`` at ``to``."""
+    import shutil
+
+    shutil.copytree(run, to)
+    return to
+
+
+def safety_inputs(root: Path) -> tuple[Path, str]:
+    """``(prepared dataset, STORE:global)``: 100 train images, one invalid store row (imgid 3)."""
+    prepared = make_prepared(root / "prepared", n_train=100, n_val=8, n_test=8)
+    store = make_store(root / "feats.zarr", prepared, invalid=(3,))
+    return prepared, f"{store}:global"
+
+
+def train_tiny_chain(data: tuple[Path, str], run: Path) -> Path:
+    """One epoch of :data:`TINY` CHAIN-VSE on ``data`` (:func:`safety_inputs`) into ``run``."""
+    prepared, features = data
+    assert train_cli(["chain", "--data", str(prepared), "--features", features, *TINY, "--epochs", "1",
+                      "--out", str(run)]) == 0
+    return run
+
+
+def legacy_copy(state: dict) -> dict:
+    """Checkpoint ``state`` as the code before format 2 wrote it: numpy and Python RNG tuples, no format
+    key."""
+    old = {k: v for k, v in state.items() if k != "format"}
+    rng = state["rng"]
+    n, p = rng["numpy"], rng["python"]
+    old["rng"] = {"torch": rng["torch"], "cuda": rng["cuda"],
+                  "numpy": ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                            n["cached_gaussian"]),
+                  "python": (p["version"], tuple(p["state"].tolist()), p["gauss_next"])}
+    return old
+
+
+class FullDisk:
+    """A file whose disk fills up after ``room`` bytes: ``write`` raises the ``OSError`` (ENOSPC) the
+    kernel gives, and torch's writer turns it into its own ``RuntimeError: ... unexpected pos``."""
+
+    def __init__(self, fh, room: int) -> None:
+        self.fh, self.room = fh, room
+
+    def write(self, data) -> int:
+        import errno
+
+        size = memoryview(data).nbytes
+        if size > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= size
+        return self.fh.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.fh, name)
+
+
+# -- text classification -------------------------------------------------------------------------------------
+ZHANG_CLASSES = "World\nSports\n"
+
+
+def write_zhang(folder: Path, rows: list[str], name: str = "train.csv") -> Path:
+    """A Zhang-format CSV ``folder/name`` of ``rows`` (and its classes.txt: World, Sports)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "classes.txt").write_text(ZHANG_CLASSES, encoding="utf-8")
+    path = folder / name
+    path.write_text("".join(r + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def tiny_zhang_rows(n: int, seed: int = 0) -> list[str]:
+    """``n`` rows of two separable classes: world news about capitals, sports about scores."""
+    rng = np.random.default_rng(seed)
+    world = ["paris", "berlin", "summit", "minister", "election", "treaty"]
+    sport = ["goal", "match", "league", "coach", "score", "cup"]
+    rows = []
+    for k in range(n):
+        cls = k % 2
+        words = rng.choice(world if cls == 0 else sport, size=4)
+        rows.append(f'"{cls + 1}","{words[0]} {words[1]}","{words[2]} and {words[3]}"')
+    return rows
+
+
+def prepare_tiny_textcls(root: Path) -> Path:
+    """A prepared classification dataset under ``root``: 64 train rows (a quarter for validation), 16
+    test rows of :func:`tiny_zhang_rows`."""
+    from prep.cli import main as prep_main
+
+    write_zhang(root / "raw", tiny_zhang_rows(64), "train.csv")
+    write_zhang(root / "raw", tiny_zhang_rows(16, seed=1), "test.csv")
+    out = root / "data"
+    assert prep_main(["textcls", "--train", str(root / "raw" / "train.csv"), "--test",
+                      str(root / "raw" / "test.csv"), "--val-fraction", "0.25", "-q", "--out", str(out)]) == 0
+    return out
+
+
+# -- feature export: a minimal marked prepared dataset and an imported store ---------------------------------
+def minimal_prepared(root: Path, n_train: int = 8, n_test: int = 4) -> Path:
+    """A prepared dataset (marked, with prep.json) of ``n_train`` + ``n_test`` images, one caption each."""
+    root.mkdir(parents=True)
+    splits = ["train"] * n_train + ["test"] * n_test
+    images = [{"imgid": i, "split": s, "filename": f"{i}.jpg", "sentids": [i],
+               "sentences": [{"sentid": i, "imgid": i, "raw": f"caption {i}", "tokens": ["caption"],
+                              "lang": "en"}]} for i, s in enumerate(splits)]
+    (root / "dataset.json").write_text(json.dumps({"dataset": "t", "languages": ["en"], "pairs": [],
+                                                   "images_root": str(root), "images": images}))
+    (root / "chars.json").write_text(json.dumps({"symbols": ["<pad>", "<unk>", "a"]}))
+    (root / "words.json").write_text(json.dumps({"tokens": ["<pad>", "<unk>", "a"]}))
+    (root / "prep.json").write_text(json.dumps({"format_version": 1, "prep_version": "0"}))
+    (root / ".vse-prepared").write_text("{}")
+    return root
+
+
+def imported_store(data: Path, out: Path, width: int = 16, seed: int = 0) -> Path:
+    """An imported store of ``data`` (``features import``): every split filled with random rows."""
+    from features.interop import import_npy
+
+    rng = np.random.default_rng(seed)
+    images = json.loads((data / "dataset.json").read_text())["images"]
+    for split in ("train", "test"):
+        npy = out.parent / f"{out.stem}-{split}.npy"
+        np.save(npy, rng.random((sum(im["split"] == split for im in images), width), dtype=np.float32))
+        import_npy(npy, data, split, out)
+        npy.unlink()
+    return out
+
+
+# -- train compare and the query/gallery pipeline ------------------------------------------------------------
+#: pipeline entries that shrink every compared family (d = 16), so a comparison takes seconds
+COMPARE_PIPELINES = """
+pipelines:
+  tiny-chain:
+    description: tiny chain
+    prep: {dataset: synthetic, out: unused}
+    train: {family: chain, p: 0.125, d: 16, batch_size: 8, device: cpu, out: unused}
+  tiny-vse:
+    description: tiny vse
+    prep: {dataset: synthetic, out: unused}
+    train: {family: vse, kind: SOE, d: 16, word_dim: 8, batch_size: 8, device: cpu, out: unused}
+  tiny-clmr:
+    description: tiny clmr
+    prep: {dataset: synthetic, out: unused}
+    train: {family: clmr, d: 16, batch_size: 8, device: cpu, out: unused}
+"""
+
+
+def make_compare_inputs(root: Path) -> dict[str, str]:
+    """The inputs of a tiny ``train compare`` under ``root``: a synthetic dataset of 96 images, its global
+    and region stores, and :data:`COMPARE_PIPELINES`."""
+    from prep.cli import main as prep_main
+
+    prepared = root / "prepared"
+    assert prep_main(["synthetic", "--out", str(prepared), "--num-images", "96", "--image-size", "32",
+                      "--captions-per-image", "2", "--languages", "en", "-q"]) == 0
+    store = make_store(root / "global.zarr", prepared)
+    regions = make_region_store(root / "regions.zarr", prepared)
+    pipelines = root / "pipelines.yaml"
+    pipelines.write_text(COMPARE_PIPELINES)
+    return {"data": str(prepared), "features": f"{store}:global", "regions": f"{regions}:regions",
+            "pipelines": str(pipelines)}
+
+
+#: a tiny pipeline (48 synthetic images, a random-weights CNN store of kind ``{kind}``, one epoch of chain)
+QUERY_PIPELINE = """
+pipelines:
+  tiny:
+    description: tiny
+    prep: {{dataset: synthetic, out: data, num_images: 48, image_size: 64, languages: [en], seed: 2}}
+    features:
+      {{kind: {kind}, cnn: efficientnet_lite0, weights: none, crops: 1, resize: 96, input_size: 96,
+        batch_size: 8, block_size: 16, out: feats.zarr}}
+    train: {{family: chain, p: 0.125, d: 16, epochs: 1, batch_size: 16, max_chars: 60, out: run,
+             device: cpu}}
+"""

@@ -15,8 +15,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import make_prepared, make_store
-from test_trainer import TINY, assert_same_weights, metrics_without_timings, train_cli
+from helpers import (
+    ROOT,
+    TINY,
+    VSE_SMALL,
+    assert_same_weights,
+    copy_run,
+    legacy_copy,
+    metrics_without_timings,
+    safety_inputs,
+    train_cli,
+    train_subprocess,
+    train_tiny_chain,
+)
 
 from train.cli import main as train_main
 from train.retrieval import fit
@@ -47,26 +58,12 @@ class Payload:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> tuple[Path, str]:
-    root = tmp_path_factory.mktemp("tiny-safety")
-    prepared = make_prepared(root / "prepared", n_train=100, n_val=8, n_test=8)
-    store = make_store(root / "feats.zarr", prepared, invalid=(3,))
-    return prepared, f"{store}:global"
+    return safety_inputs(tmp_path_factory.mktemp("tiny-safety"))
 
 
 @pytest.fixture(scope="module")
 def trained(data, tmp_path_factory) -> Path:
-    prepared, features = data
-    run = tmp_path_factory.mktemp("trained") / "run"
-    assert train_cli(["chain", "--data", str(prepared), "--features", features, *TINY, "--epochs", "1",
-                      "--out", str(run)]) == 0
-    return run
-
-
-def copy_run(run: Path, to: Path) -> Path:
-    import shutil
-
-    shutil.copytree(run, to)
-    return to
+    return train_tiny_chain(data, tmp_path_factory.mktemp("trained") / "run")
 
 
 def one_line_error(capsys) -> str:
@@ -173,18 +170,6 @@ def test_a_checkpoint_needing_unknown_types_is_refused_at_save(tmp_path) -> None
     with pytest.raises(TypeError, match=r"state\.extra.*needs pickle"):
         save_checkpoint(tmp_path / "x.pt", {"model": {}, "epoch": 0, "extra": Path("/")})
     assert not list(tmp_path.iterdir())
-
-
-def legacy_copy(state: dict) -> dict:
-    """``state`` as the code before format 2 wrote it: numpy and Python RNG tuples, no format key."""
-    old = {k: v for k, v in state.items() if k != "format"}
-    rng = state["rng"]
-    n, p = rng["numpy"], rng["python"]
-    old["rng"] = {"torch": rng["torch"], "cuda": rng["cuda"],
-                  "numpy": ("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
-                            n["cached_gaussian"]),
-                  "python": (p["version"], tuple(p["state"].tolist()), p["gauss_next"])}
-    return old
 
 
 def test_old_checkpoints_convert_once_when_asked(trained, tmp_path, capsys) -> None:
@@ -346,8 +331,6 @@ def test_sigterm_during_a_checkpoint_write_terminates_after_the_write(tmp_path) 
     import subprocess
     import sys
 
-    from test_trainer import ROOT
-
     path = tmp_path / "last.pt"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-c", SIGTERM_DURING_SAVE, str(path)], cwd=ROOT, env=env,
@@ -362,8 +345,6 @@ def test_ctrl_c_right_after_the_first_checkpoint_stops_cleanly_and_resumes_exact
     """SIGINT as soon as ``best.pt`` appears (usually while ``last.pt`` is being written): one line,
     exit 130, no torn file, and ``--resume`` ends where an uninterrupted run ends."""
     import time
-
-    from test_trainer import train_subprocess
 
     prepared, features = data
     common = ["chain", "--data", str(prepared), "--features", features, *TINY, "--epochs", "3"]
@@ -395,8 +376,6 @@ def test_killed_writing_last_pt_at_a_curriculum_switch_resumes_into_the_next_pha
                                                                                  monkeypatch) -> None:
     """POE: the epoch that ends the sum phase (its epoch budget) is also the best, so best.pt is written
     just before the switch; killed while writing last.pt, the run resumes from best.pt into phase 2."""
-    from test_train_seam_vse import VSE_SMALL
-
     prepared, features = data
     script = [10.0, 12.0, 13.0, 14.0, 9.0, 8.0]
     monkeypatch.setattr(fit.Trainer, "validate", lambda self: (script[self.epoch], {}))

@@ -10,45 +10,19 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import make_region_store, make_store
-from test_trainer import metrics_without_timings
+from helpers import make_compare_inputs, metrics_without_timings
 
-from prep.cli import main as prep_main
 from train.cli import main as train_main
 from train.engine.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-PIPELINES = """
-pipelines:
-  tiny-chain:
-    description: tiny chain
-    prep: {dataset: synthetic, out: unused}
-    train: {family: chain, p: 0.125, d: 16, batch_size: 8, device: cpu, out: unused}
-  tiny-vse:
-    description: tiny vse
-    prep: {dataset: synthetic, out: unused}
-    train: {family: vse, kind: SOE, d: 16, word_dim: 8, batch_size: 8, device: cpu, out: unused}
-  tiny-clmr:
-    description: tiny clmr
-    prep: {dataset: synthetic, out: unused}
-    train: {family: clmr, d: 16, batch_size: 8, device: cpu, out: unused}
-"""
 ENTRIES = "tiny-chain,tiny-vse,tiny-clmr"
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("compare")
-    prepared = root / "prepared"
-    assert prep_main(["synthetic", "--out", str(prepared), "--num-images", "96", "--image-size", "32",
-                      "--captions-per-image", "2", "--languages", "en", "-q"]) == 0
-    store = make_store(root / "global.zarr", prepared)
-    regions = make_region_store(root / "regions.zarr", prepared)
-    pipelines = root / "pipelines.yaml"
-    pipelines.write_text(PIPELINES)
-    return {"data": str(prepared), "features": f"{store}:global", "regions": f"{regions}:regions",
-            "pipelines": str(pipelines)}
+    return make_compare_inputs(tmp_path_factory.mktemp("compare"))
 
 
 def compare(inputs: dict[str, str], out: Path, *extra: str) -> int:

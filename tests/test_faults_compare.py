@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import pytest
-from test_compare import inputs as compare_inputs  # noqa: F401 (a fixture, registered under this name)
 
 from train.cli import main as train_main
 from train.engine.trainer import Trainer

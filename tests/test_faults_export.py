@@ -19,11 +19,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import CLASSIFY_TINY, FullDisk, legacy_copy
 from safetensors import SafetensorError
-from test_checkpoint_safety import data, legacy_copy, trained  # noqa: F401 (fixtures)
-from test_faults_resume import FullDisk
-from test_textcls import TINY as CLASSIFY_TINY
-from test_textcls import prepared as textcls_prepared  # noqa: F401 (a fixture, under this name)
 
 from train.cli import main as train_main
 from train.retrieval import model_folder
@@ -68,9 +65,9 @@ def killed_export(moment: str, argv: list[str]) -> None:
     assert proc.returncode == -signal.SIGKILL, proc.stderr
 
 
-def test_an_export_removes_what_killed_exports_left(trained, tmp_path, capsys) -> None:  # noqa: F811
+def test_an_export_removes_what_killed_exports_left(tiny_chain_run, tmp_path, capsys) -> None:
     out = tmp_path / "model"
-    export = ["export-model", "--run", str(trained), "--out", str(out)]
+    export = ["export-model", "--run", str(tiny_chain_run), "--out", str(out)]
     killed_export("after-weights", export)
     assert not out.exists() and len(leftovers(tmp_path)) == 1  # .model.XXXXXXXX.partial
     assert train_main(export) == 0
@@ -88,10 +85,10 @@ def test_an_export_removes_what_killed_exports_left(trained, tmp_path, capsys) -
 
 @pytest.mark.parametrize("fault", ["safetensors", "model.json"])
 @pytest.mark.parametrize("existing", [False, True])
-def test_a_full_disk_during_an_export_is_one_line(trained, tmp_path, capsys, monkeypatch, fault,  # noqa: F811
+def test_a_full_disk_during_an_export_is_one_line(tiny_chain_run, tmp_path, capsys, monkeypatch, fault,
                                                   existing) -> None:
     out = tmp_path / "model"
-    export = ["export-model", "--run", str(trained), "--out", str(out)]
+    export = ["export-model", "--run", str(tiny_chain_run), "--out", str(out)]
     if existing:
         assert train_main(export) == 0
         before = (out / "weights.safetensors").read_bytes()
@@ -134,12 +131,12 @@ def test_export_model_of_a_classification_run_is_one_line(request, tmp_path, cap
     assert not (tmp_path / "model").exists()
 
 
-def test_a_full_disk_while_converting_checkpoints_says_so(trained, tmp_path, capsys,  # noqa: F811
+def test_a_full_disk_while_converting_checkpoints_says_so(tiny_chain_run, tmp_path, capsys,
                                                           monkeypatch) -> None:
     import shutil
     from contextlib import contextmanager
 
-    run = Path(shutil.copytree(trained, tmp_path / "old"))
+    run = Path(shutil.copytree(tiny_chain_run, tmp_path / "old"))
     for name in ("best.pt", "last.pt"):
         path = run / "checkpoints" / name
         torch.save(legacy_copy(load_checkpoint(path)), path)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_features_export_safety import _prepared, _store
+from helpers import imported_store, minimal_prepared
 
 from features.entry import main
 from vsecore import io
@@ -30,8 +30,8 @@ def temporaries(folder: Path) -> list[str]:
 @pytest.mark.parametrize("target", ["train_ims.npy", "train_caps.txt", "test_ims.npy"])
 def test_an_interrupted_precomp_export_leaves_no_temporary(tmp_path, monkeypatch, capsys, signum, status,
                                                            word, target) -> None:
-    data = _prepared(tmp_path / "data")
-    _store(data, tmp_path / "s.zarr")
+    data = minimal_prepared(tmp_path / "data", 8, 4)
+    imported_store(data, tmp_path / "s.zarr")
     out = tmp_path / "out"
     real = tempfile.mkstemp
 

@@ -11,18 +11,14 @@ improves, epoch 2 does not, epoch 3 does), so both kinds of epoch end are covere
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from helpers import make_prepared, make_store
-from test_textcls import TINY as CLASSIFY_TINY
-from test_textcls import prepared as textcls_prepared  # noqa: F401 (its fixture, under this name)
+from helpers import CLASSIFY_TINY, FullDisk, make_prepared, make_store
 
 from train.cli import main as train_main
 from train.engine import trainer
@@ -161,24 +157,6 @@ def test_a_run_stopped_before_its_first_checkpoint_is_not_stuck(classify_inputs,
     assert lines == [f"resuming {run}: no checkpoint yet (stopped before the first one), so starting from "
                      "the first step"]
     assert (run / "checkpoints" / "last.pt").is_file() and (run / "eval" / "test.json").is_file()
-
-
-class FullDisk:
-    """A file whose disk fills up after ``room`` bytes: ``write`` raises the ``OSError`` (ENOSPC) the
-    kernel gives, and torch's writer turns it into its own ``RuntimeError: ... unexpected pos``."""
-
-    def __init__(self, fh: Any, room: int) -> None:
-        self.fh, self.room = fh, room
-
-    def write(self, data: Any) -> int:
-        size = memoryview(data).nbytes
-        if size > self.room:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        self.room -= size
-        return self.fh.write(data)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.fh, name)
 
 
 def _full_disk_after(monkeypatch, writes: int, room: int = 4096) -> None:

@@ -5,7 +5,6 @@ Each hostile case: exit status 2, one line on stderr, and nothing outside the ou
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,9 +15,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from helpers import imported_store, minimal_prepared
 
 from features.cli import main
-from features.interop import import_npy
 from vsecore.io import _host_tag
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,31 +25,11 @@ N_TRAIN, N_TEST, WIDTH = 8, 4, 16
 
 
 def _prepared(root: Path, n_train: int = N_TRAIN, n_test: int = N_TEST) -> Path:
-    """A prepared dataset (marked, with prep.json) of ``n_train`` + ``n_test`` images, one caption each."""
-    root.mkdir(parents=True)
-    splits = ["train"] * n_train + ["test"] * n_test
-    images = [{"imgid": i, "split": s, "filename": f"{i}.jpg", "sentids": [i],
-               "sentences": [{"sentid": i, "imgid": i, "raw": f"caption {i}", "tokens": ["caption"],
-                              "lang": "en"}]} for i, s in enumerate(splits)]
-    (root / "dataset.json").write_text(json.dumps({"dataset": "t", "languages": ["en"], "pairs": [],
-                                                   "images_root": str(root), "images": images}))
-    (root / "chars.json").write_text(json.dumps({"symbols": ["<pad>", "<unk>", "a"]}))
-    (root / "words.json").write_text(json.dumps({"tokens": ["<pad>", "<unk>", "a"]}))
-    (root / "prep.json").write_text(json.dumps({"format_version": 1, "prep_version": "0"}))
-    (root / ".vse-prepared").write_text("{}")
-    return root
+    return minimal_prepared(root, n_train, n_test)
 
 
 def _store(data: Path, out: Path, width: int = WIDTH, seed: int = 0) -> Path:
-    """An imported store of ``data``: every split filled with random rows."""
-    rng = np.random.default_rng(seed)
-    images = json.loads((data / "dataset.json").read_text())["images"]
-    for split in ("train", "test"):
-        npy = out.parent / f"{out.stem}-{split}.npy"
-        np.save(npy, rng.random((sum(im["split"] == split for im in images), width), dtype=np.float32))
-        import_npy(npy, data, split, out)
-        npy.unlink()
-    return out
+    return imported_store(data, out, width, seed)
 
 
 @pytest.fixture

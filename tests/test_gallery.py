@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import QUERY_PIPELINE
 from PIL import Image
-from test_query import PIPELINE
 
 from train.cli import main as train_main
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("gallery")
-    (root / "p.yaml").write_text(PIPELINE.format(kind="cnn"))
+    (root / "p.yaml").write_text(QUERY_PIPELINE.format(kind="cnn"))
     assert train_main(["pipeline", "tiny", "--pipelines", str(root / "p.yaml"), "--until", "train"]) == 0
     return root / "run"
 

@@ -236,3 +236,19 @@ def test_the_layer_test_sees_an_upward_import() -> None:
     edges["train.classification.fit"].append(("train.retrieval.fit", 1, False))
     assert len(_upward(edges)) == len(_upward(EDGES)) + 2
     assert _cycles(edges)
+
+
+def test_test_files_share_helpers_through_helpers_or_fixtures() -> None:
+    """A test file never imports another test file: what several of them build lives in ``helpers.py``
+    or a ``conftest.py`` fixture (importing a test module re-registers its tests' fixtures and couples
+    two files' test data)."""
+    import ast
+
+    found = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{path.name}:{node.lineno}: {n}" for n in names if n.split(".")[0].startswith("test_")
+                      or n.startswith("tests.test_")]
+    assert not found, "\n".join(found)

@@ -8,23 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import QUERY_PIPELINE
 
 from train.cli import main as train_main
 from train.retrieval.loaded import embed_split
 from train.retrieval.open import load_run
-
-PIPELINE = """
-pipelines:
-  tiny:
-    description: tiny
-    prep: {{dataset: synthetic, out: data, num_images: 48, image_size: 64, languages: [en], seed: 2}}
-    features:
-      {{kind: {kind}, cnn: efficientnet_lite0, weights: none, crops: 1, resize: 96, input_size: 96,
-        batch_size: 8, block_size: 16, out: feats.zarr}}
-    train: {{family: chain, p: 0.125, d: 16, epochs: 1, batch_size: 16, max_chars: 60, out: run,
-             device: cpu}}
-"""
-
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -48,7 +36,7 @@ def assert_ranked_like(ids: list[int], hit_scores: list[float], reference: np.nd
 @pytest.fixture(scope="module", params=["cnn", "fne"])
 def run_dir(request, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp(f"query-{request.param}")
-    (root / "p.yaml").write_text(PIPELINE.format(kind=request.param))
+    (root / "p.yaml").write_text(QUERY_PIPELINE.format(kind=request.param))
     assert train_main(["pipeline", "tiny", "--pipelines", str(root / "p.yaml"), "--until", "train"]) == 0
     return root / "run"
 
@@ -154,7 +142,7 @@ def test_commands_that_read_a_run_take_pipeline(run_dir: Path, tmp_path: Path, c
 def _collection(root: Path, kind: str, input_size: int = 96) -> tuple[Path, Path]:
     """Another prepared dataset (other images) and its store, extracted with the given settings."""
     root.mkdir(parents=True, exist_ok=True)
-    (root / "c.yaml").write_text(PIPELINE.format(kind=kind).replace("seed: 2", "seed: 5").replace(
+    (root / "c.yaml").write_text(QUERY_PIPELINE.format(kind=kind).replace("seed: 2", "seed: 5").replace(
         "num_images: 48", "num_images: 24").replace("input_size: 96", f"input_size: {input_size}").replace(
         "out: data", "out: other").replace("out: feats.zarr", "out: other.zarr"))
     assert train_main(["pipeline", "tiny", "--pipelines", str(root / "c.yaml"), "--until", "features"]) == 0

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import CLASSIFY_TINY, prepare_tiny_textcls, tiny_zhang_rows, write_zhang
 
 from prep.cli import main as prep_main
 from prep.sources.textcls import read_generic, read_zhang_csv
@@ -18,18 +19,8 @@ from train.classification.metrics import classification_metrics, confusion_matri
 from train.cli import main as train_main
 from vsecore.errors import UserError
 
-CLASSES = "World\nSports\n"
-#: a tiny classifier: CHAIN-VSE v1 with 16 filters per stream, short texts
-TINY = ["--encoder", "chain", "--p", "0.0625", "--max-chars", "48", "--batch-size", "8", "--dropout", "0.1",
-        "--device", "cpu"]
-
-
-def write_zhang(folder: Path, rows: list[str], name: str = "train.csv") -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "classes.txt").write_text(CLASSES, encoding="utf-8")
-    path = folder / name
-    path.write_text("".join(r + "\n" for r in rows), encoding="utf-8")
-    return path
+#: a tiny classifier (helpers.CLASSIFY_TINY)
+TINY = CLASSIFY_TINY
 
 
 def test_zhang_dialect_quotes_escaped_newlines_and_one_based_labels(tmp_path: Path) -> None:
@@ -121,22 +112,9 @@ def test_stratified_take_is_exact_per_class_and_seeded() -> None:
     assert taken.sum() == 4 and [int(taken[uneven == c].sum()) for c in range(3)] == [2, 1, 1]
 
 
-def _tiny_rows(n: int, seed: int = 0) -> list[str]:
-    """``n`` rows of two separable classes: world news about capitals, sports about scores."""
-    rng = np.random.default_rng(seed)
-    world = ["paris", "berlin", "summit", "minister", "election", "treaty"]
-    sport = ["goal", "match", "league", "coach", "score", "cup"]
-    rows = []
-    for k in range(n):
-        cls = k % 2
-        words = rng.choice(world if cls == 0 else sport, size=4)
-        rows.append(f'"{cls + 1}","{words[0]} {words[1]}","{words[2]} and {words[3]}"')
-    return rows
-
-
 def test_official_test_kept_val_carved_from_train_and_vocabularies_from_train_only(tmp_path: Path) -> None:
     raw = tmp_path / "raw"
-    write_zhang(raw, _tiny_rows(40), "train.csv")
+    write_zhang(raw, tiny_zhang_rows(40), "train.csv")
     write_zhang(raw, ['"1","Zürich qqq","unseenword"', '"2","x","y"'], "test.csv")
     out = tmp_path / "data"
     assert prep_main(["textcls", "--train", str(raw / "train.csv"), "--test", str(raw / "test.csv"),
@@ -196,13 +174,7 @@ def test_metrics_against_hand_computation() -> None:
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("textcls")
-    write_zhang(root / "raw", _tiny_rows(64), "train.csv")
-    write_zhang(root / "raw", _tiny_rows(16, seed=1), "test.csv")
-    out = root / "data"
-    assert prep_main(["textcls", "--train", str(root / "raw" / "train.csv"), "--test",
-                      str(root / "raw" / "test.csv"), "--val-fraction", "0.25", "-q", "--out", str(out)]) == 0
-    return out
+    return prepare_tiny_textcls(tmp_path_factory.mktemp("textcls"))
 
 
 def _metrics(run: Path) -> list[dict]:

@@ -18,9 +18,11 @@ import torch
 from helpers import (
     REGION_DIM,
     REGION_K,
+    assert_same_weights,
     make_region_store,
+    metrics_without_timings,
+    train_cli,
 )
-from test_trainer import assert_same_weights, metrics_without_timings, train_cli
 
 from pipelines.schema import load_pipelines
 from prep.cli import main as prep_main

@@ -12,8 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import make_prepared, make_store
-from test_trainer import assert_same_weights, metrics_without_timings, train_cli
+from helpers import (
+    VSE_SMALL,
+    assert_same_weights,
+    make_prepared,
+    make_store,
+    metrics_without_timings,
+    train_cli,
+)
 
 from prep.dataset import PreparedDataset
 from train.engine.objectives import ContrastiveObjective, CurriculumObjective
@@ -26,7 +32,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 COMMON = ["--d", "32", "--batch-size", "8", "--seed", "1", "--device", "cpu"]
 SEAM_SMALL = ["--hops", "2", *COMMON]
-VSE_SMALL = ["--word-dim", "16", *COMMON]
 
 #: SEAM table 2, text side, vocabulary 11,360 (the issue's four rows)
 TABLE_2 = {("E", 10): 6_574_024, ("E", 30): 12_724_024, ("C", 5): 6_273_724, ("C", 20): 13_967_224}

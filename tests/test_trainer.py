@@ -6,9 +6,7 @@ deterministic on CPU and takes about a second.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import re
 import signal
 import subprocess
@@ -18,31 +16,24 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import make_prepared, make_store
+from helpers import (
+    TINY,
+    assert_same_weights,
+    make_prepared,
+    make_store,
+    metrics_without_timings,
+    safety_inputs,
+    train_cli,
+    train_subprocess,
+)
 
-from train.cli import fit as fit_cli
 from train.retrieval import fit
 from train.retrieval.loaded import embed_split, encode_texts
 from train.retrieval.open import load_run
 from train.run.checkpoint import load_checkpoint
-from vsecore.errors import UserError, run_cli
+from vsecore.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMING_KEYS = {"time_s", "train_time_s", "val_time_s", "captions_per_s"}
-TINY = ["--p", "0.125", "--d", "32", "--batch-size", "4", "--seed", "3", "--device", "cpu"]
-#: runs ``train`` with only the family subcommands of train.retrieval.fit (the subject of these tests)
-RUNNER = """
-import argparse, sys
-from vsecore.errors import run_cli
-from train.retrieval import fit
-from train.cli import fit as fit_cli
-def main(argv):
-    parser = argparse.ArgumentParser(prog="train")
-    fit_cli.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
-sys.exit(run_cli(main, sys.argv[1:], "train"))
-"""
 
 
 # one torch thread: bitwise-reproducible CPU kernels and no oversubscription of a shared machine
@@ -51,39 +42,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> tuple[Path, str]:
-    root = tmp_path_factory.mktemp("tiny")
-    prepared = make_prepared(root / "prepared", n_train=100, n_val=8, n_test=8)
-    store = make_store(root / "feats.zarr", prepared, invalid=(3,))
-    return prepared, f"{store}:global"
-
-
-def train_cli(argv: list[str]) -> int:
-    """``train <family> ...`` in process, through the same error wrapper as the console command."""
-    def main(a: list[str]) -> int:
-        parser = argparse.ArgumentParser(prog="train")
-        fit_cli.register(parser.add_subparsers(dest="command", required=True))
-        args = parser.parse_args(a)
-        return args.func(args)
-
-    return run_cli(main, argv, "train")
-
-
-def train_subprocess(argv: list[str]) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-c", RUNNER, *argv], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
-def metrics_without_timings(run: Path) -> list[dict]:
-    lines = (run / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in lines]
-
-
-def assert_same_weights(a: Path, b: Path) -> None:
-    sa, sb = load_checkpoint(a)["model"], load_checkpoint(b)["model"]
-    assert sa.keys() == sb.keys()
-    for key in sa:
-        assert torch.equal(sa[key], sb[key]), key
+    return safety_inputs(tmp_path_factory.mktemp("tiny"))
 
 
 def test_dry_run_prints_parameter_counts_without_data(capsys) -> None:
