@@ -42,14 +42,12 @@ one-line error (``docs/safety.md``, "Feature stores").
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
 import os
 import shutil
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +65,9 @@ from features.store_layout import (
     row_shape,
     shape_attr,
 )
+from features.store_state import ConsistentReads, StoreState
 from vsecore.errors import UserError
-from vsecore.io import atomic_directory, lock_holder, regular_file_size
+from vsecore.io import atomic_directory, regular_file_size
 from vsecore.version import code_version
 
 #: version of the on-disk layout written into the store's attributes
@@ -94,16 +93,7 @@ def config_difference(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> s
     return None
 
 
-@dataclass(frozen=True)
-class StoreState:
-    """What a reader compares before and after reading (:meth:`FeatureStore.state`)."""
-
-    generation: str | None
-    rewriting: str | None
-    complete: bool
-
-
-class FeatureStore:
+class FeatureStore(ConsistentReads):
     """An open feature store (a Zarr v3 group on a local or shared filesystem)."""
 
     def __init__(self, path: str | os.PathLike, mode: str = "r") -> None:
@@ -277,32 +267,6 @@ class FeatureStore:
         killed ``--rethreshold``: its complete replacement)."""
         return self.path / self._resolve(name)
 
-    def array_identity(self, name: str) -> tuple[str, int, str] | None:
-        """What array ``name`` is now: ``(its folder, the folder's inode, a digest of its zarr.json)``,
-        or ``None`` while it is missing (a ``--rethreshold`` swap between its renames).
-
-        A reader takes it before and after reading the array's rows: any replacement of the array in
-        between (a swap renames folders and gives the new array its own ``written`` token) changes it,
-        whatever the store's attributes say (:meth:`check_array_unchanged`).
-        """
-        folder = self.array_folder(name)
-        real = folder.relative_to(self.path).as_posix()
-        try:
-            inode = os.stat(folder).st_ino
-            meta = (folder / "zarr.json").read_bytes()
-        except OSError:
-            return None
-        return real, inode, hashlib.sha256(meta).hexdigest()
-
-    def check_array_unchanged(self, name: str, before: tuple[str, int, str] | None) -> None:
-        """A one-line UserError unless array ``name`` is still the one :meth:`array_identity` gave as
-        ``before`` (it was replaced while its rows were read)."""
-        if before is None or self.array_identity(name) != before:
-            holder = lock_holder(self.path)
-            by = f" by {holder}" if holder else ""
-            raise UserError(f"{self.path}: array '{name}' was rewritten{by} while it was being read; read "
-                            "it again (when that command has finished)")
-
     def array(self, name: str) -> StoreArray:
         """The array ``name`` (see :class:`StoreArray`); a missing or unreadable one is a UserError."""
         real = self._resolve(name)
@@ -433,16 +397,6 @@ class FeatureStore:
     def _update_attrs(self, values: Mapping[str, Any]) -> None:
         self.group.attrs.update(_jsonable({**values, "generation": uuid.uuid4().hex}))
 
-    # -- readers and rewrites: one consistent version or a one-line error -------------------------------
-    def state(self) -> StoreState:
-        """The store's generation, rewrite marker and completeness, read afresh from its ``zarr.json``
-        (one small file: the ``generation`` token changes with every attribute update and rewrite)."""
-        try:
-            attrs = json.loads((self.path / "zarr.json").read_text(encoding="utf-8")).get("attributes", {})
-        except (OSError, ValueError):
-            return StoreState("unreadable", "replaced", False)  # between the two renames of --overwrite
-        return StoreState(attrs.get("generation"), attrs.get("rewriting"), bool(attrs.get("complete")))
-
     @contextlib.contextmanager
     def rewriting(self, what: str) -> Iterator[None]:
         """Mark the store as being rewritten in place while the body runs (writers, under the lock).
@@ -460,32 +414,6 @@ class FeatureStore:
         finally:
             self._rewriting = False
         self._update_attrs({"rewriting": None})
-
-    def check_readable(self, state: StoreState | None = None) -> StoreState:
-        """The store's :meth:`state`, or a one-line UserError while a live writer rewrites it in place or
-        writes it (incomplete while a writer holds its lock).
-
-        A ``rewriting`` marker without a live lock holder was left by a killed writer: each of its
-        steps leaves the store readable (:meth:`replace_ternary`), so it does not stop readers.
-        """
-        state = state or self.state()
-        if state.rewriting or not state.complete:
-            holder = lock_holder(self.path)
-            if holder and state.rewriting:
-                raise UserError(f"{self.path}: the store is being rewritten ({state.rewriting}) by {holder}; "
-                                "read it again when that finishes")
-            if holder:
-                raise UserError(f"{self.path}: the store is being written by {holder}; read it again when "
-                                "that finishes")
-        return state
-
-    def check_unchanged(self, before: StoreState) -> None:
-        """A one-line UserError if the store changed since ``before`` (a rewrite overlapped a read)."""
-        if self.state().generation != before.generation:
-            holder = lock_holder(self.path)
-            by = f" by {holder}" if holder else ""
-            raise UserError(f"{self.path}: the store was rewritten{by} while it was being read; read it "
-                            "again (when that command has finished)")
 
     def require_complete(self) -> None:
         """A :class:`UserError` unless every block is done and the run was finalized."""
