@@ -10,11 +10,17 @@ them):
 - ``first load (writes the cache)``: the cache folder removed first, so the loop runs and the file is written;
 - ``cached``: the arrays read back from ``data.vse-captions/``.
 
-Prints a table of seconds (reading ``dataset.json``, the captions) and resident memory (what the prepared
-dataset holds, what the caption sets add, the peak), with the 1-minute load average after each process.
+- ``full``: the run's whole data load as ``train <family>`` does it (``train.retrieval.fit._load_data``:
+  codec, features, caption sets, split checks, fingerprints), the cache warm; it needs the family's store
+  under ``--root`` (``bench_scale.py`` builds them).
+
+Prints a table of seconds (wall, and the process's CPU: the machine's load moves the first, much less the
+second) and resident memory (what the prepared dataset holds, what the caption sets add, the peak), with the
+1-minute load average before and after each process.
 
     PYTHONPATH=. python bench/bench_captions.py                              # full size, chain seam liwe
     PYTHONPATH=. python bench/bench_captions.py --scale 0.002 --families chain   # a quick check
+    PYTHONPATH=. python bench/bench_captions.py --families chain liwe --modes cached full   # with the stores
 """
 
 from __future__ import annotations
@@ -34,8 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_scale import FAMILY_FEATURES, GIB, build_dataset, child, peak_rss, settings_of  # noqa: E402
 
-#: the caption loads compared, and the ``VSE_CAPTION_CACHE`` each runs with
-MODES = {"encoded at load (no cache)": "0", "first load (writes the cache)": "", "cached": ""}
+#: the caption loads compared, and the ``VSE_CAPTION_CACHE`` each runs with; ``full``: the run's whole data
+#: load (``train.retrieval.fit._load_data``: features and split checks too), the cache warm
+MODES = {"encoded at load (no cache)": "0", "first load (writes the cache)": "", "cached": "", "full": ""}
 
 
 def current_rss() -> int:
@@ -50,7 +57,7 @@ def phase_captions(family: str, root: Path, scale: float) -> dict[str, Any]:
     from train.engine.data import load_caption_set
     from train.models.family import model_spec
 
-    rss0, t0 = current_rss(), time.perf_counter()
+    rss0, t0, cpu0 = current_rss(), time.perf_counter(), time.process_time()
     dataset = PreparedDataset.load(root / "data")
     t1, rss1 = time.perf_counter(), current_rss()
     s = settings_of(family, root, scale, dataset)
@@ -63,9 +70,37 @@ def phase_captions(family: str, root: Path, scale: float) -> dict[str, Any]:
     t3 = time.perf_counter()
     held = sum(c.codes.nbytes + c.offsets.nbytes + c.caption_image.nbytes for c in (train_set, val_set))
     return {"dataset_s": t1 - t0, "captions_s": t3 - t2, "data_load_s": t1 - t0 + t3 - t2,
-            "text_input": codec.kind, "train_captions": len(train_set), "val_captions": len(val_set),
-            "rss_dataset": rss1 - rss0, "rss_captions": current_rss() - rss1, "arrays_bytes": held,
-            "cache": os.environ.get("VSE_CAPTION_CACHE", "default"), "peak_rss": peak_rss()}
+            "cpu_s": time.process_time() - cpu0, "text_input": codec.kind, "train_captions": len(train_set),
+            "val_captions": len(val_set), "rss_dataset": rss1 - rss0, "rss_captions": current_rss() - rss1,
+            "arrays_bytes": held, "cache": os.environ.get("VSE_CAPTION_CACHE", "default"),
+            "peak_rss": peak_rss()}
+
+
+def phase_full(family: str, root: Path, scale: float) -> dict[str, Any]:
+    """The run's whole data load, as ``train <family>`` does it: the prepared dataset, then
+    ``train.retrieval.fit._load_data`` (codec, features, train and val caption sets, split checks,
+    fingerprints); seconds (wall and this process's CPU) and resident memory."""
+    import torch
+
+    from prep.dataset import PreparedDataset
+    from train.models.family import model_spec
+    from train.retrieval.fit import _load_data
+
+    rss0, t0, cpu0 = current_rss(), time.perf_counter(), time.process_time()
+    dataset = PreparedDataset.load(root / "data")
+    t1, rss1, cpu1 = time.perf_counter(), current_rss(), time.process_time()
+    s = settings_of(family, root, scale, dataset)
+    t2, cpu2 = time.perf_counter(), time.process_time()
+    train_set, val_set, _ = _load_data(s, model_spec(s), dataset)
+    t3, cpu3 = time.perf_counter(), time.process_time()
+    held = sum(c.codes.nbytes + c.offsets.nbytes + c.caption_image.nbytes for c in (train_set, val_set))
+    return {"dataset_s": t1 - t0, "load_data_s": t3 - t2, "data_load_s": t1 - t0 + t3 - t2,
+            "cpu_s": cpu1 - cpu0 + cpu3 - cpu2,
+            "features": s.features, "features_in_memory": isinstance(train_set.images.features, torch.Tensor),
+            "text_input": train_set.codec.kind, "train_captions": len(train_set),
+            "val_captions": len(val_set),
+            "rss_dataset": rss1 - rss0, "rss_after_load": current_rss(), "arrays_bytes": held,
+            "peak_rss": peak_rss()}
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -77,31 +112,44 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         sizes, _ = build_dataset(root, args.scale, args.seed)
         record.write_text(json.dumps({"scale": args.scale, "sizes": sizes}))
     base = [sys.executable, str(Path(__file__).resolve()), "--root", args.root, "--scale", str(args.scale),
-            "--phase", "--families"]
+            "--families"]
     results: dict[str, Any] = {}
     for family in args.families:
-        for mode, setting in MODES.items():
+        for mode in args.modes:
             if mode.startswith("first"):
                 shutil.rmtree(root / "data.vse-captions", ignore_errors=True)
-            out = child([*base, family], env={"VSE_CAPTION_CACHE": setting})
-            out["load_average"] = os.getloadavg()[0]
+            before = os.getloadavg()[0]
+            out = child([*base, family, "--phase", "full" if mode == "full" else "captions"],
+                        env={"VSE_CAPTION_CACHE": MODES[mode]})
+            out["load_average"] = [before, os.getloadavg()[0]]
             results.setdefault(family, {})[mode] = out
             print(f"  {family} {mode}: {json.dumps(out)}", flush=True)
     return results
 
 
 def table(results: dict[str, Any]) -> str:
-    """The Markdown table: one row per family and mode."""
+    """The Markdown tables: one row per family and caption mode; one per family of the full data load."""
     rows = ["| family | text input | captions loaded | dataset.json read s | captions s | data load s "
-            "| RSS of the dataset GiB | RSS of the captions GiB | peak RSS GiB | load average |",
-            "|" + "|".join([" --- "] * 10) + "|"]
+            "| CPU s | RSS of the dataset GiB | RSS of the captions GiB | peak RSS GiB | load average |",
+            "|" + "|".join([" --- "] * 11) + "|"]
+    full = ["| family | features | in RAM | dataset.json read s | rest of the load s | data load s | CPU s "
+            "| RSS of the dataset GiB | RSS after the load GiB | peak RSS GiB | load average |",
+            "|" + "|".join([" --- "] * 11) + "|"]
     for family, modes in results.items():
         for mode, r in modes.items():
+            load = "{:.1f} to {:.1f}".format(*sorted(r["load_average"]))
+            if mode == "full":
+                in_ram = "yes" if r["features_in_memory"] else "no"
+                full.append(f"| {family} | {Path(r['features']).name} | {in_ram} | {r['dataset_s']:.1f} "
+                            f"| {r['load_data_s']:.1f} | {r['data_load_s']:.1f} | {r['cpu_s']:.1f} "
+                            f"| {r['rss_dataset'] / GIB:.2f} | {r['rss_after_load'] / GIB:.2f} "
+                            f"| {r['peak_rss'] / GIB:.2f} | {load} |")
+                continue
             rows.append(f"| {family} | {r['text_input']} | {mode} | {r['dataset_s']:.1f} "
-                        f"| {r['captions_s']:.1f} | {r['data_load_s']:.1f} | {r['rss_dataset'] / GIB:.2f} "
-                        f"| {r['rss_captions'] / GIB:.2f} | {r['peak_rss'] / GIB:.2f} "
-                        f"| {r['load_average']:.1f} |")
-    return "\n".join(rows)
+                        f"| {r['captions_s']:.1f} | {r['data_load_s']:.1f} | {r['cpu_s']:.1f} "
+                        f"| {r['rss_dataset'] / GIB:.2f} | {r['rss_captions'] / GIB:.2f} "
+                        f"| {r['peak_rss'] / GIB:.2f} | {load} |")
+    return "\n".join(rows) + "\n\nfull data load:\n" + "\n".join(full)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,12 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--families", nargs="+", default=["chain", "seam", "liwe"], choices=list(FAMILY_FEATURES),
                    help="default: one family per text input (chars, words, word_chars)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES), metavar="MODE",
+                   help=f"what to load (default: all): {', '.join(repr(m) for m in MODES)}")
     p.add_argument("--json", metavar="FILE", help="also write every number into FILE")
-    p.add_argument("--phase", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--phase", choices=("captions", "full"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.phase:
-        out = phase_captions(args.families[0], Path(args.root), args.scale)
-        print("RESULT " + json.dumps(out), flush=True)
+        phase = phase_full if args.phase == "full" else phase_captions
+        print("RESULT " + json.dumps(phase(args.families[0], Path(args.root), args.scale)), flush=True)
         return 0
     results = measure(args)
     print(table(results))

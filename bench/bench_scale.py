@@ -61,6 +61,7 @@ FAMILY_FEATURES = {
     "seam": ("vgg19-global.zarr", "global"), "vse": ("vgg16-fne.zarr", "fne"),
     "clmr": ("grid-regions.zarr", "regions"), "liwe": ("grid-regions.zarr", "regions"),
 }
+PHASES = ("load", "train", "eval")
 FNE_WIDTH = 12_416  # VGG16: 13 conv layers + fc6 + fc7 (features/fne.py)
 BLOCK = 256
 GIB = 2**30
@@ -225,8 +226,10 @@ def settings_of(family: str, root: Path, scale: float, dataset: Any = None) -> A
     return with_data_defaults(settings, dataset or PreparedDataset.load(settings.data))
 
 
-def phase_load(family: str, root: Path, scale: float, seconds: float) -> dict[str, Any]:
-    """Data loading as ``train`` does it, then the epoch's batches with the model step stubbed out."""
+def phase_load(family: str, root: Path, scale: float, seconds: float, workers: int | None = None
+               ) -> dict[str, Any]:
+    """Data loading as ``train`` does it, then the epoch's batches with the model step stubbed out, read in
+    ``workers`` processes (None: the family's ``--workers``)."""
     import torch
 
     from prep.dataset import PreparedDataset
@@ -235,6 +238,8 @@ def phase_load(family: str, root: Path, scale: float, seconds: float) -> dict[st
     from train.retrieval.fit import _load_data
 
     s = settings_of(family, root, scale)
+    if workers is not None:
+        s = s.model_copy(update={"workers": workers})
     t0 = time.perf_counter()
     train_set, val_set, _ = _load_data(s, model_spec(s), PreparedDataset.load(s.data))
     load_s = time.perf_counter() - t0
@@ -249,7 +254,7 @@ def phase_load(family: str, root: Path, scale: float, seconds: float) -> dict[st
     rate = captions / (time.perf_counter() - t1)
     return {"load_s": load_s, "train_captions": len(train_set), "train_images": train_set.num_images,
             "val_captions": len(val_set), "epoch_batches": len(batches), "batches_timed": done,
-            "epoch_captions": sum(len(b) for b in batches), "stub_captions_per_s": rate,
+            "epoch_captions": sum(len(b) for b in batches), "stub_captions_per_s": rate, "workers": s.workers,
             "features_in_memory": isinstance(train_set.images.features, torch.Tensor),
             "rss_after_load": rss_loaded, "peak_rss": peak_rss()}
 
@@ -369,7 +374,7 @@ def run_phase(args: argparse.Namespace) -> None:
     """``--phase``: one family's phase in this process; prints ``RESULT {json}``."""
     family, root = args.families[0], Path(args.root)
     if args.phase == "load":
-        out = phase_load(family, root, args.scale, args.load_seconds)
+        out = phase_load(family, root, args.scale, args.load_seconds, args.workers)
     elif args.phase == "train":
         out = phase_train(family, root, args.scale, args.steps)
     else:
@@ -384,8 +389,10 @@ def measure(args: argparse.Namespace, family: str) -> dict[str, Any]:
     base = [sys.executable, str(Path(__file__).resolve()), "--root", args.root, "--scale", str(args.scale),
             "--families", family, "--steps", str(args.steps), "--load-seconds", str(args.load_seconds),
             "--eval-captions", str(args.eval_captions)]
+    if args.workers is not None:
+        base += ["--workers", str(args.workers)]
     out: dict[str, Any] = {}
-    for phase in ("load", "train", "eval"):
+    for phase in args.phases:
         t0 = time.perf_counter()
         out[phase] = child([*base, "--phase", phase])
         out[phase]["wall_s"] = time.perf_counter() - t0
@@ -428,8 +435,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-captions", type=int, default=1280,
                    help="test captions embedded (timed, scaled to all); all of them are ranked")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES,
+                   help="the phases run for each family (default: all; the table needs all three)")
+    p.add_argument("--workers", type=int, help="processes reading the load phase's batches "
+                   "(default: the family's --workers)")
     p.add_argument("--json", metavar="FILE", help="also write every number into FILE")
-    p.add_argument("--phase", choices=("load", "train", "eval"), help=argparse.SUPPRESS)
+    p.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -444,7 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     built = build(root, args.scale, args.seed)
     print(f"data: {json.dumps(built)} ({time.perf_counter() - t0:.0f}s)", flush=True)
     results = {family: measure(args, family) for family in args.families}
-    print(table(built, results))
+    if set(args.phases) == set(PHASES):
+        print(table(built, results))
     if args.json:
         Path(args.json).write_text(json.dumps({"build": built, "results": results}, indent=1))
     return 0

@@ -12,6 +12,8 @@ A prepared dataset is one folder (see ``docs/ARCHITECTURE.md``, "Prepared datase
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -19,6 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from prep.dataset_rows import DatasetRows, RowView, field_of, gc_paused, read_rows
+from prep.dataset_rows import item as column_item
 from vsecore.errors import UserError
 from vsecore.io import sha256_file, write_json_atomic
 from vsecore.version import __version__
@@ -115,10 +121,19 @@ class Vocabulary:
         return [self._index.get(s, unk) for s in symbols]
 
 
-def _read_json(path: Path) -> Any:
+def _read_json(path: Path, digest: list[str] | None = None) -> Any:
+    """The JSON file ``path`` (a :class:`UserError` when it is missing or not JSON); with ``digest``, the
+    SHA-256 of the bytes parsed is appended to it. Read as text is read (UTF-8, universal newlines), and
+    parsed with the cyclic garbage collector paused (:func:`prep.dataset_rows.gc_paused`)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
+        with open(path, "rb") as fh:
+            raw = fh.read()
+        if digest is not None:
+            digest.append(hashlib.sha256(raw).hexdigest())
+        text = io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8").read()
+        del raw
+        with gc_paused():
+            return json.loads(text)
     except FileNotFoundError:
         raise UserError(f"{path}: not found (is this a prepared dataset folder? run `prep` first)") from None
     except json.JSONDecodeError as exc:
@@ -129,28 +144,27 @@ def _read_json(path: Path) -> Any:
         raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
-def _field(obj: dict, key: str, file: Path, where: str) -> Any:
-    try:
-        return obj[key]
-    except (KeyError, TypeError):
-        raise UserError(f"{file}: {where}: missing field '{key}'") from None
-
-
 @dataclass
 class PreparedDataset:
-    """A prepared dataset folder, loaded: images in ``imgid`` order, sentences, vocabularies, pairs."""
+    """A prepared dataset folder, loaded: images in ``imgid`` order, sentences, vocabularies, pairs.
+
+    ``images`` and ``sentences`` are read-only sequences whose :class:`ImageEntry` and :class:`Sentence`
+    objects are made when read (:mod:`prep.dataset_rows`: the file is held as columns, about a gigabyte
+    less at COCO size); every field was checked by :meth:`load`.
+    """
 
     root: Path
     name: str
     languages: list[str]
-    images: list[ImageEntry]
-    sentences: list[Sentence]
     pairs: list[Pair]
     chars: Vocabulary
     words: Vocabulary
     record: dict[str, Any]
+    rows: DatasetRows = field(repr=False)
     #: the folder the images' paths start from (``images_root`` of ``dataset.json``)
     images_root: Path | None = None
+    #: SHA-256 of the ``dataset.json`` bytes this was read from
+    dataset_sha256: str = ""
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> PreparedDataset:
@@ -159,76 +173,92 @@ class PreparedDataset:
         if root.is_file():
             root = root.parent
         file = root / DATASET_FILE
-        data = _read_json(file)
-        if isinstance(data, dict) and data.get("task") == "textcls":
-            raise UserError(f"{root}: a text classification dataset (prep textcls): it has no images; use "
-                            "`train classify --data` with it")
-        images_root = Path(_field(data, "images_root", file, "top level"))
-        images: list[ImageEntry] = []
-        sentences: list[Sentence] = []
-        for row, img in enumerate(_field(data, "images", file, "top level")):
-            where = f"images[{row}]"
-            imgid = int(_field(img, "imgid", file, where))
-            if imgid != row:
-                raise UserError(f"{file}: {where}: imgid {imgid} is not its row {row}")
-            filepath = img.get("filepath")
-            filename = _field(img, "filename", file, where)
-            sent_ids = []
-            for k, s in enumerate(_field(img, "sentences", file, where)):
-                sw = f"{where}.sentences[{k}]"
-                sentences.append(Sentence(
-                    sentid=int(_field(s, "sentid", file, sw)), imgid=imgid,
-                    raw=_field(s, "raw", file, sw), tokens=tuple(_field(s, "tokens", file, sw)),
-                    lang=_field(s, "lang", file, sw), original=s.get("original")))
-                sent_ids.append(sentences[-1].sentid)
-            images.append(ImageEntry(
-                imgid=imgid, split=_field(img, "split", file, where), filename=filename,
-                path=images_root / filepath / filename if filepath else images_root / filename,
-                filepath=filepath, cocoid=img.get("cocoid"), karpathy_split=img.get("karpathy_split"),
-                sentids=tuple(sent_ids)))
-        pairs = [_load_pair(p, file, k) for k, p in enumerate(data.get("pairs", []))]
-        return cls(root=root, name=data.get("dataset", root.name),
-                   languages=list(data.get("languages", ["en"])), images=images, sentences=sentences,
-                   pairs=pairs, chars=load_vocabulary(root / CHARS_FILE),
-                   words=load_vocabulary(root / WORDS_FILE),
+        digest: list[str] = []
+        # the collector stays off until the parsed file is freed: one collection with it alive walks
+        # every one of its ten million objects
+        with gc_paused():
+            data = _read_json(file, digest)
+            if isinstance(data, dict) and data.get("task") == "textcls":
+                raise UserError(f"{root}: a text classification dataset (prep textcls): it has no images; "
+                                "use `train classify --data` with it")
+            images_root = Path(field_of(data, "images_root", file, "top level"))
+            rows = read_rows(data, file, images_root)
+            pairs = [_load_pair(p, file, k) for k, p in enumerate(data.get("pairs", []))]
+            name, languages = data.get("dataset", root.name), list(data.get("languages", ["en"]))
+            del data
+        return cls(root=root, name=name, languages=languages, pairs=pairs,
+                   chars=load_vocabulary(root / CHARS_FILE), words=load_vocabulary(root / WORDS_FILE),
                    record=_read_json(root / RECORD_FILE) if (root / RECORD_FILE).exists() else {},
-                   images_root=images_root)
+                   rows=rows, images_root=images_root, dataset_sha256=digest[0])
 
     # -- images --------------------------------------------------------------------------------
+    @property
+    def images(self) -> Sequence[ImageEntry]:
+        """Every image, in ``imgid`` order."""
+        return RowView(len(self.rows.splits), self._image)
+
+    def _image(self, i: int) -> ImageEntry:
+        r = self.rows
+        return ImageEntry(imgid=i, split=r.splits[i], filename=r.filenames[i], path=Path(r.path(i)),
+                          filepath=r.filepaths[i], cocoid=column_item(r.cocoids, i),
+                          karpathy_split=r.karpathy_splits[i], sentids=r.sentids_of(i))
+
     def images_of(self, split: str | None = None) -> list[ImageEntry]:
         """Images of ``split`` (all when ``None``), in ``imgid`` order."""
         _check_split(split)
-        return [im for im in self.images if split is None or im.split == split]
+        with gc_paused():  # a hundred thousand objects: the collector would walk them again and again
+            return [self._image(i) for i in np.flatnonzero(self.rows.image_mask(split)).tolist()]
 
     def image_rows(self, split: str | None = None) -> list[int]:
         """The ``imgid`` (feature-array row) of every image of ``split``, ascending."""
-        return [im.imgid for im in self.images_of(split)]
+        _check_split(split)
+        return np.flatnonzero(self.rows.image_mask(split)).tolist()
 
     def image_paths(self) -> list[Path]:
         """Absolute path of every image, in ``imgid`` order (the input list of ``features``)."""
-        return [im.path for im in self.images]
+        with gc_paused():
+            return [Path(self.rows.path(i)) for i in range(len(self.rows.splits))]
 
     # -- sentences -----------------------------------------------------------------------------
+    @property
+    def sentences(self) -> Sequence[Sentence]:
+        """Every sentence, by image (``imgid``), then as the image lists them."""
+        return RowView(len(self.rows.raws), self._sentence)
+
+    def _sentence(self, k: int) -> Sentence:
+        r = self.rows
+        return Sentence(sentid=column_item(r.sentids, k), imgid=int(r.sentence_image[k]), raw=r.raws[k],
+                        tokens=r.tokens[k], lang=r.langs[k], original=r.originals.get(k))
+
+    def _sentence_rows(self, split: str | None, lang: str | Sequence[str] | None) -> list[int]:
+        _check_split(split)
+        langs = {lang} if isinstance(lang, str) else (set(lang) if lang is not None else None)
+        if langs is not None and not langs <= set(self.languages):
+            raise UserError(f"{self.root}: no language {sorted(langs - set(self.languages))} "
+                            f"(this dataset has {', '.join(self.languages)})")
+        return self.rows.sentence_rows(split, langs)
+
     def sentences_of(self, split: str | None = None, lang: str | Sequence[str] | None = None
                      ) -> list[Sentence]:
         """Sentences whose image is in ``split`` and whose language is ``lang`` (``None``: all).
 
         Order: by image (``imgid``), then as the image lists them.
         """
-        _check_split(split)
-        langs = {lang} if isinstance(lang, str) else (set(lang) if lang is not None else None)
-        if langs is not None and not langs <= set(self.languages):
-            raise UserError(f"{self.root}: no language {sorted(langs - set(self.languages))} "
-                            f"(this dataset has {', '.join(self.languages)})")
-        return [s for s in self.sentences
-                if (split is None or self.images[s.imgid].split == split)
-                and (langs is None or s.lang in langs)]
+        chosen = self._sentence_rows(split, lang)
+        with gc_paused():
+            return [self._sentence(k) for k in chosen]
 
     def captions(self, split: str | None = None, lang: str | Sequence[str] | None = None
                  ) -> tuple[list[str], list[int]]:
         """``(texts, caption_image)``: the ``raw`` texts and, for each, its image's ``imgid``."""
-        sents = self.sentences_of(split, lang)
-        return [s.raw for s in sents], [s.imgid for s in sents]
+        chosen = self._sentence_rows(split, lang)
+        return [self.rows.raws[k] for k in chosen], self.rows.sentence_image[chosen].tolist()
+
+    def captioned_rows(self, split: str | None = None, lang: str | Sequence[str] | None = None
+                       ) -> np.ndarray:
+        """(R,) int64: the ``imgid`` of every image of ``split`` with a sentence in ``lang``, ascending
+        (the images :meth:`sentences_of` names, without making its objects)."""
+        return np.unique(self.rows.sentence_image[self._sentence_rows(split, lang)])
 
     def pairs_of(self, split: str | None = None) -> list[Pair]:
         """Cross-language pairs of ``split`` (all when ``None``)."""
@@ -242,18 +272,17 @@ class PreparedDataset:
         reordered or moved between splits (FNE statistics use the train split), not when only
         captions or vocabularies change, so re-preparing captions keeps extracted features usable.
         """
-        import hashlib
-
-        rows = [[f"{im.filepath}/{im.filename}" if im.filepath else im.filename, im.split]
-                for im in self.images]
+        r = self.rows
+        rows = [[f"{fp}/{fn}" if fp else fn, sp]
+                for fp, fn, sp in zip(r.filepaths, r.filenames, r.splits, strict=True)]
         return hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode("utf-8")).hexdigest()
 
     def counts(self) -> dict[str, dict[str, int]]:
         """Images, sentences and pairs per split."""
         out = {sp: {"images": 0, "sentences": 0, "pairs": 0} for sp in SPLITS}
-        for im in self.images:
-            out[im.split]["images"] += 1
-            out[im.split]["sentences"] += len(im.sentids)
+        for split, n in zip(self.rows.splits, np.diff(self.rows.starts).tolist(), strict=True):
+            out[split]["images"] += 1
+            out[split]["sentences"] += n
         for p in self.pairs:
             out[p.split]["pairs"] += 1
         return out
@@ -340,11 +369,11 @@ def _load_pair(p: dict, file: Path, k: int) -> Pair:
     sides = {}
     for key, val in p.items():
         if isinstance(val, dict):
-            sides[key] = PairSide(raw=_field(val, "raw", file, f"{where}.{key}"),
-                                  tokens=tuple(_field(val, "tokens", file, f"{where}.{key}")),
+            sides[key] = PairSide(raw=field_of(val, "raw", file, f"{where}.{key}"),
+                                  tokens=tuple(field_of(val, "tokens", file, f"{where}.{key}")),
                                   sentid=val.get("sentid"), original=val.get("original"))
-    return Pair(pairid=int(_field(p, "pairid", file, where)), imgid=int(_field(p, "imgid", file, where)),
-                split=_field(p, "split", file, where), sides=sides)
+    return Pair(pairid=int(field_of(p, "pairid", file, where)), imgid=int(field_of(p, "imgid", file, where)),
+                split=field_of(p, "split", file, where), sides=sides)
 
 
 def load_vocabulary(path: str | os.PathLike) -> Vocabulary:

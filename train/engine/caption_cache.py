@@ -10,8 +10,9 @@ changes that: ``0`` (or ``off``) encodes in memory as before, with no file; a fo
 there, one sub-folder per dataset. A dataset whose parent folder cannot be written is encoded in memory.
 
 One file per split, languages and codec, named by them (a changed ``--max-chars`` is another file). It
-holds the SHA-256 of ``dataset.json`` and the codec's identity (kind, limits, and a hash of its symbols):
-a file made for another dataset or vocabulary is re-encoded and replaced, never used. Every array is
+holds the SHA-256 of ``dataset.json`` (of the bytes :class:`~prep.dataset.PreparedDataset` read, no second
+read) and the codec's identity (kind, limits, and a hash of its symbols): a file made for another dataset
+or vocabulary is re-encoded and replaced, never used. Every array is
 checked when read (names, dtypes, shapes, offsets, code bounds, text); a damaged file is one warning
 line, then re-encoded and replaced. Files are written through a temporary sibling and renamed
 (:func:`vsecore.io.atomic_file`), so concurrent runs each see a whole file: two runs encoding at once
@@ -34,10 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
-from prep.dataset import DATASET_FILE, PreparedDataset
+from prep.dataset import PreparedDataset
 from train.engine.codecs import TextCodec
 from vsecore import console
-from vsecore.io import atomic_file, sha256_file
+from vsecore.io import atomic_file
 
 #: version of the file's content; a file of another version is re-encoded
 CACHE_VERSION = 1
@@ -136,7 +137,8 @@ def split_captions(dataset: PreparedDataset, split: str, langs: Sequence[str], c
     if folder is None:
         return encode_split(dataset, split, langs, codec)
     path = cache_file(folder, split, langs, codec)
-    key = {"version": CACHE_VERSION, "dataset_sha256": sha256_file(dataset.root / DATASET_FILE),
+    # the SHA-256 of the bytes the dataset was read from: the captions encoded are always those
+    key = {"version": CACHE_VERSION, "dataset_sha256": dataset.dataset_sha256,
            "split": split, "langs": list(langs), "codec": codec_identity(codec)}
     if path.is_file():
         found = read_cache(path, key, codec, len(dataset.images))

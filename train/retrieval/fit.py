@@ -292,8 +292,8 @@ def _check_splits(settings: TrainSection, dataset: PreparedDataset, valid: np.nd
     """Before the first step: the val split and the test split (in every language the test evaluation
     uses) have images with valid features and captions, enough for ``val_protocol``; an empty or
     all-invalid split would otherwise be found only after training."""
-    def usable(split: str, lang: str) -> int:
-        return len({s.imgid for s in dataset.sentences_of(split, lang) if valid[s.imgid]})
+    def usable(split: str, lang: str) -> int:  # images with valid features and a caption in ``lang``
+        return int(np.asarray(valid, dtype=bool)[dataset.captioned_rows(split, lang)].sum())
 
     needs = [("val", settings.lang, val_set.num_images)]
     needs += [("test", lang, usable("test", lang))
