@@ -141,10 +141,15 @@ def main() -> None:
     paths = sorted(args.images_dir.glob("*.jpg"))[:args.images]
     if not paths:
         raise SystemExit(f"no .jpg images in {args.images_dir}")
-    n = len(paths)
     print(f"bench_features: {args.cnn} weights={args.weights} device={device} crops={args.crops} "
-          f"images={n} batch={args.batch_size} crops/pass, torch threads={torch.get_num_threads()}")
+          f"images={len(paths)} batch={args.batch_size} crops/pass, torch threads={torch.get_num_threads()}")
+    forward_s = bench_stages(args, paths, device)
+    bench_end_to_end(args, paths, device, forward_s)
 
+
+def bench_stages(args: argparse.Namespace, paths: list[Path], device: str) -> float:
+    """Print the decode, crop and bare-forward times of ``paths``; the bare forward's seconds."""
+    n = len(paths)
     t0 = time.perf_counter()
     images = [load_image(q) for q in paths]
     decode_s = time.perf_counter() - t0
@@ -164,7 +169,12 @@ def main() -> None:
     print(f"decode (load_image, 1 thread):      {decode_s:7.2f} s  {n / decode_s:8.1f} images/s")
     print(f"resize + crops:                     {crop_s:7.2f} s  {n / crop_s:8.1f} images/s")
     print(f"bare forward ({crops.shape[0]} crops):        {forward_s:7.2f} s  {n / forward_s:8.1f} images/s")
+    return forward_s
 
+
+def bench_end_to_end(args: argparse.Namespace, paths: list[Path], device: str, forward_s: float) -> None:
+    """Print ``features cnn`` (and ``fne``) end to end on ``paths``, beside the bare forward."""
+    n = len(paths)
     with tempfile.TemporaryDirectory() as tmp:
         data = make_dataset(Path(tmp) / "prep", paths)
         for kind in ("cnn",) if args.skip_fne else ("cnn", "fne"):

@@ -63,6 +63,18 @@ def _extraction_options(p: argparse.ArgumentParser, kind: str) -> None:
     add_device_argument(p, None)
     p.add_argument("--amp", action="store_true", default=None,
                    help="bf16 autocast on CUDA (faster; numbers differ slightly from fp32)")
+    _run_options(p)
+    if fne:
+        p.add_argument("--threshold-low", type=float, metavar="X", default=None,
+                       help="ternary threshold: standardised values below it map to -1 (default -0.25)")
+        p.add_argument("--threshold-high", type=float, metavar="Y", default=None,
+                       help="ternary threshold: standardised values above it map to 1 (default 0.15)")
+        p.add_argument("--rethreshold", action="store_true",
+                       help="only recompute fne/ternary of the finished store --out with the thresholds")
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
+    """Where blocks run (scheduler, workers, threads), what an unusable image does, resume and retry."""
     p.add_argument("--scheduler", metavar="none|local|tcp://HOST:PORT", default=None,
                    help="none (default): in this process; local: start a Dask LocalCluster of --workers "
                         "processes; tcp://HOST:PORT: a running `dask scheduler` whose workers share the "
@@ -82,13 +94,6 @@ def _extraction_options(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument("--retry-failed", action="store_true",
                    help="recompute the blocks of every recorded failure (a re-run always retries failures "
                         "that may be transient: missing file, I/O error, truncated file)")
-    if fne:
-        p.add_argument("--threshold-low", type=float, metavar="X", default=None,
-                       help="ternary threshold: standardised values below it map to -1 (default -0.25)")
-        p.add_argument("--threshold-high", type=float, metavar="Y", default=None,
-                       help="ternary threshold: standardised values above it map to 1 (default 0.15)")
-        p.add_argument("--rethreshold", action="store_true",
-                       help="only recompute fne/ternary of the finished store --out with the thresholds")
 
 
 def _region_options(p: argparse.ArgumentParser) -> None:

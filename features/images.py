@@ -129,16 +129,7 @@ def load_image(
     files and for images over a bound.
     """
     path = Path(path)
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise ImageError("missing file", path) from None
-    except OSError as exc:
-        raise ImageError(f"I/O error ({exc.strerror or exc})", path) from None
-    if not path.is_file():
-        raise ImageError("not a file", path)
-    if size == 0:
-        raise ImageError("empty file", path)
+    _check_file(path)
     try:
         with Image.open(path) as img:
             width, height = img.size
@@ -159,22 +150,37 @@ def load_image(
         raise ImageError(f"decompression bomb: {exc}", path) from exc
     except UnidentifiedImageError as exc:
         raise ImageError("not a recognised image file", path) from exc
-    except OSError as exc:
-        if exc.errno is not None:  # the filesystem failed, not the image data (PIL's errors have none)
-            raise ImageError(f"I/O error ({exc.strerror or exc})", path) from exc
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if "truncat" in reason.lower():
-            raise ImageError("truncated file", path) from exc
-        raise ImageError(f"corrupt image data ({reason})", path) from exc
-    except (SyntaxError, ValueError, EOFError, IndexError, TypeError) as exc:
-        # PIL signals truncated / corrupt data with these (e.g. "image file is truncated").
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if "truncat" in reason.lower():
-            raise ImageError("truncated file", path) from exc
-        raise ImageError(f"corrupt image data ({reason})", path) from exc
+    except (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError) as exc:
+        raise _decode_error(exc, path) from exc
     if rgb.width < 1 or rgb.height < 1:
         raise ImageError("image has no pixels", path)
     return rgb
+
+
+def _check_file(path: Path) -> None:
+    """An :class:`ImageError` for a missing, unreadable, empty file or one that is not a regular file."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise ImageError("missing file", path) from None
+    except OSError as exc:
+        raise ImageError(f"I/O error ({exc.strerror or exc})", path) from None
+    if not path.is_file():
+        raise ImageError("not a file", path)
+    if size == 0:
+        raise ImageError("empty file", path)
+
+
+def _decode_error(exc: BaseException, path: Path) -> ImageError:
+    """The :class:`ImageError` for an exception PIL raised while decoding ``path``: an ``OSError`` with an
+    errno is the filesystem failing (``I/O error``); PIL signals truncated or corrupt data with errno-less
+    ``OSError``s and ``SyntaxError``/``ValueError``/``EOFError``/``IndexError``/``TypeError``."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return ImageError(f"I/O error ({exc.strerror or exc})", path)
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if "truncat" in reason.lower():
+        return ImageError("truncated file", path)
+    return ImageError(f"corrupt image data ({reason})", path)
 
 
 def _reduce_while_decoding(img: Image.Image, large_side: int) -> None:

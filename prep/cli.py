@@ -74,7 +74,15 @@ def _other_dataset_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--restval", action=argparse.BooleanOptionalAction, default=None,
                    help="fold 'restval' images into train (default) or leave them out")
     _common(p)
+    _bilingual_and_synthetic_parsers(sub)
 
+    from prep.textcls import add_textcls_parser
+
+    add_textcls_parser(sub, _common)
+
+
+def _bilingual_and_synthetic_parsers(sub: argparse._SubParsersAction) -> None:
+    """Add ``prep multi30k|yjcaptions`` (captions in two languages, with pairs) and ``prep synthetic``."""
     p = sub.add_parser("multi30k", help="Multi30k: 5 en + 5 de captions per image, en-de translation pairs",
                        description="Multi30k from the multi30k/dataset layout: task2 captions (5 per "
                        "language per image), task1 translations as pairs; 29,000 / 1,014 / 1,000 images.")
@@ -108,10 +116,6 @@ def _other_dataset_parsers(sub: argparse._SubParsersAction) -> None:
                    help="caption languages (default: en de ja)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default 0)")
     _common(p, images=False)
-
-    from prep.textcls import add_textcls_parser
-
-    add_textcls_parser(sub, _common)
 
 
 def build_parser() -> argparse.ArgumentParser:
