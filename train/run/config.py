@@ -10,19 +10,24 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from features.spec import FeatureSpec
 from prep.dataset import CHARS_FILE, DATASET_FILE, WORDS_FILE
 from train.engine.settings import ClassifySection, TrainSection
-from train.models.family import families_with_key, train_settings
+from train.models.family import families_with_key, get_family, train_settings
+from train.models.joint import build_model
+from train.run.checkpoint import MAX_PARAMETERS
 from train.run.layout import CONFIG, RunDir
 from vsecore.errors import UserError
-from vsecore.io import read_text, sha256_file, write_json_atomic
+from vsecore.io import MAX_TEXT_BYTES, read_text, sha256_file, write_json_atomic
 
 #: the ``task`` of a classification run's config.json (a retrieval run has none)
 CLASSIFY_TASK = "classify"
@@ -119,12 +124,31 @@ def absolute_settings(settings: TrainSection) -> TrainSection:
 def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     """The ``config.json`` of a run directory (a :class:`UserError` if it is not one)."""
     path = RunDir(run_dir).config
-    text = read_text(path, f"a run's configuration ({CONFIG})", missing=f"no run at {run_dir} (no {CONFIG})")
-    try:
-        config = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise UserError(f"{path}: invalid JSON: {getattr(exc, 'msg', 'nested too deeply')}") from None
+    config = read_json(path, f"a run's configuration ({CONFIG})",
+                       missing=f"no run at {run_dir} (no {CONFIG})")
     return validate_config(config, path)
+
+
+#: an integer longer than this is no number a run holds (Python's own limit on int(str))
+MAX_DIGITS = 4300
+
+
+def read_json(path: str | os.PathLike, expected: str, missing: str | None = None,
+              most: int = MAX_TEXT_BYTES) -> Any:
+    """The JSON content of ``path`` read with :func:`vsecore.io.read_text` (a regular file of at most ``most``
+    bytes), or a one-line :class:`UserError` naming the file (and, for an integer of more than
+    :data:`MAX_DIGITS` digits, the key holding it): the one reader of a run's and a model's JSON files."""
+    text = read_text(path, expected, missing=missing, most=most)
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise UserError(f"{path}: invalid JSON: nested too deeply") from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: invalid JSON: {exc.msg} (line {exc.lineno})") from None
+    except ValueError:  # int() of a number past MAX_DIGITS digits
+        found = re.search(r'"([^"\\]{1,100})"\s*:[^"{}]*?\d{' + str(MAX_DIGITS + 1) + "}", text)
+        where = f"'{found[1]}': " if found else ""
+        raise UserError(f"{path}: {where}an integer of more than {MAX_DIGITS:,} digits") from None
 
 
 #: bounds of the model sizes a config.json may ask for (a hostile file must not allocate terabytes)
@@ -163,7 +187,49 @@ def validate_config(config: Any, path: str | os.PathLike) -> dict[str, Any]:
     for key in ("fingerprints", "parameters", "data"):
         if not isinstance(config.get(key, {}), dict):
             raise UserError(f"{path}: '{key}' is not an object")
+    _check_fingerprints(config, path)
+    check_model_size(settings, vocab, shape, path)
     return config
+
+
+def check_model_size(settings: TrainSection, vocab_size: int, feature_shape: list[int],
+                     path: str | os.PathLike) -> int:
+    """The number of parameters (and buffer values) of the model ``settings`` build, counted on PyTorch's
+    ``meta`` device (no memory is allocated), or a one-line :class:`UserError` naming ``path``: a float
+    setting that is not finite, settings that build no model, or more than :data:`MAX_PARAMETERS`."""
+    for key, value in settings.model_dump().items():
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, float) and not math.isfinite(v):
+                raise UserError(f"{path}: settings.{key}: {v} is not a finite number")
+    try:
+        with torch.device("meta"):
+            model = build_model(settings, vocab_size, feature_shape)
+    except (ArithmeticError, ValueError, TypeError, RuntimeError) as exc:
+        raise UserError(f"{path}: the settings, vocab_size {vocab_size} and feature_shape {feature_shape} "
+                        f"build no model ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
+    count = sum(t.numel() for t in (*model.parameters(), *model.buffers()))
+    if count > MAX_PARAMETERS:
+        sizes = ("d", *get_family(settings.family).config.model_fields)
+        named = ", ".join(f"{k} {getattr(settings, k):g}" for k in sizes
+                          if isinstance(getattr(settings, k), int | float)
+                          and not isinstance(getattr(settings, k), bool))
+        raise UserError(f"{path}: settings ({named}), vocab_size {vocab_size} and feature_shape "
+                        f"{feature_shape} describe a model of {count:,} parameters, more than the "
+                        f"{MAX_PARAMETERS:,} this toolkit builds")
+    return count
+
+
+def _check_fingerprints(config: dict[str, Any], path: str | os.PathLike) -> None:
+    """``fingerprints``: names -> SHA-256 strings; ``fingerprint_stats``: names -> ``[size, mtime_ns]``."""
+    fingerprints = config.get("fingerprints") or {}
+    if not all(isinstance(v, str) for v in fingerprints.values()):
+        raise UserError(f"{path}: 'fingerprints' holds a value that is not a checksum string")
+    stats = config.get("fingerprint_stats")
+    if stats is None:
+        return
+    if not isinstance(stats, dict) or not all(isinstance(v, list) and len(v) == 2 and all(
+            isinstance(n, int) and not isinstance(n, bool) for n in v) for v in stats.values()):
+        raise UserError(f"{path}: 'fingerprint_stats' is not an object of [size, mtime_ns] pairs")
 
 
 def classify_settings_from_config(values: dict[str, Any]) -> ClassifySection:
