@@ -23,7 +23,6 @@ prepared dataset and feature store the settings name, when they exist on this ma
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 from collections.abc import Sequence
@@ -36,7 +35,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from features.fne import ternarize
+from features.fne import check_thresholds, ternarize
 from features.images import ImageError, load_image
 from features.mapper import ImageMapper
 from features.store import FeatureStore
@@ -52,6 +51,7 @@ from train.run.config import (
     CLASSIFY_TASK,
     model_sizes,
     read_config,
+    read_json,
     settings_from_config,
     validate_config,
 )
@@ -194,12 +194,7 @@ def read_model_json(folder: Path) -> dict[str, Any]:
     """``model.json`` of a model folder, checked: format, version, settings (the run schema), sizes,
     vocabulary and feature spec (a one-line :class:`UserError` naming the file otherwise)."""
     path = folder / MODEL_JSON
-    if path.stat().st_size > MAX_MODEL_JSON_BYTES:
-        raise UserError(f"{path}: larger than {MAX_MODEL_JSON_BYTES >> 20} MiB; not a model description")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise UserError(f"{path}: not readable JSON ({type(exc).__name__})") from None
+    meta = read_json(path, "a model description (model.json)", most=MAX_MODEL_JSON_BYTES)
     if not isinstance(meta, dict) or meta.get("format") != MODEL_FORMAT:
         raise UserError(f"{path}: not a model description written by `train export-model`")
     if meta.get("format_version") != MODEL_FORMAT_VERSION:
@@ -217,6 +212,7 @@ def read_model_json(folder: Path) -> dict[str, Any]:
             or vocab["kind"] != meta.get("text_input")):
         raise UserError(f"{path}: the vocabulary does not match vocab_size {meta['vocab_size']} and "
                         f"text_input {meta.get('text_input')!r}")
+    _check_text_limits(meta, vocab, path)
     spec = meta.get("features")
     if not isinstance(spec, dict) or not isinstance(spec.get("key"), str) or not isinstance(spec.get("store"),
                                                                                              dict):
@@ -225,6 +221,19 @@ def read_model_json(folder: Path) -> dict[str, Any]:
     if not isinstance(sums, dict) or not isinstance(sums.get(WEIGHTS), str):
         raise UserError(f"{path}: 'sha256' does not give the checksum of {WEIGHTS}")
     return meta
+
+
+def _check_text_limits(meta: dict[str, Any], vocab: dict[str, Any], path: Path) -> None:
+    """The vocabulary's ``max_len``, ``word_length``, ``min_count`` and ``lang`` are the settings' (what the
+    exported codec took from them): a ``max_len`` of 0 would cut every query to nothing."""
+    settings = settings_from_config(meta["settings"])
+    kind = vocab["kind"]
+    expected = {"max_len": settings.max_chars if kind == "chars" else settings.max_words,
+                "word_length": getattr(settings, "word_length", None) if kind == "word_chars" else None,
+                "min_count": settings.min_word_count if kind == "words" else None, "lang": settings.lang}
+    for key, value in expected.items():
+        if value is not None and vocab[key] != value:
+            raise UserError(f"{path}: vocabulary.{key} {vocab[key]!r} is not the settings' {value!r}")
 
 
 def _read_tensors(folder: Path, name: str, meta: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -244,6 +253,37 @@ def _read_tensors(folder: Path, name: str, meta: dict[str, Any]) -> dict[str, to
         raise UserError(f"{path}: not a readable safetensors file ({exc})") from None
 
 
+def read_fne_featurizer(folder: Path, meta: dict[str, Any]
+                        ) -> tuple[np.ndarray, np.ndarray, tuple[float, float]]:
+    """``(fne_mean (F,), fne_std (F,), (low, high))`` of a Full-Network Embedding model folder, checked:
+    finite float vectors of the feature width ``F``, a standard deviation not zero everywhere (every feature
+    would be 0 and every score the same), two finite thresholds with low <= high (one line naming the
+    file and the field otherwise)."""
+    path = folder / MODEL_JSON
+    thresholds = meta["features"].get("thresholds")
+    if not isinstance(thresholds, list) or len(thresholds) != 2 or not all(
+            isinstance(t, int | float) and not isinstance(t, bool) for t in thresholds):
+        raise UserError(f"{path}: features.thresholds {str(thresholds)[:80]} is not two numbers [low, high]")
+    try:
+        check_thresholds(float(thresholds[0]), float(thresholds[1]), strict=False)
+    except ValueError as exc:
+        raise UserError(f"{path}: features.thresholds: {exc}") from None
+    stats = _read_tensors(folder, FEATURIZER, meta)
+    width = meta["feature_shape"]
+    where = folder / FEATURIZER
+    for name in ("fne_mean", "fne_std"):
+        t = stats.get(name)
+        if t is None or not t.is_floating_point() or [*t.shape] != width or not bool(torch.isfinite(t).all()):
+            shape = None if t is None else [*t.shape]
+            raise UserError(f"{where}: {name} is not a finite float vector of the feature width {width} "
+                            f"(shape {shape})")
+    std = stats["fne_std"]
+    if not bool((std >= 0).all()) or not bool((std > 0).any()):
+        raise UserError(f"{where}: fne_std is negative somewhere or zero everywhere (a new image's features "
+                        "would all be 0)")
+    return stats["fne_mean"].numpy(), stats["fne_std"].numpy(), (float(thresholds[0]), float(thresholds[1]))
+
+
 def load_model_folder(folder: str | os.PathLike, checkpoint: str = "best", device: str = "auto"
                       ) -> SharedModel:
     """Rebuild the model of a folder written by :func:`export_model` (no pickle is read).
@@ -259,8 +299,10 @@ def load_model_folder(folder: str | os.PathLike, checkpoint: str = "best", devic
     if model_spec(settings).text_input != meta["text_input"]:
         raise UserError(f"{folder / MODEL_JSON}: text_input {meta['text_input']!r} is not the one of family "
                         f"'{settings.family}'")
+    if meta["features"]["key"] == "fne":
+        read_fne_featurizer(folder, meta)
+    tensors = _read_tensors(folder, WEIGHTS, meta)  # its SHA-256 first, then the model of bounded size
     model = build_model(settings, meta["vocab_size"], meta["feature_shape"])
-    tensors = _read_tensors(folder, WEIGHTS, meta)
     check_model_state(model, tensors, str(folder / WEIGHTS))
     model.load_state_dict(tensors)
     dev = resolve_device(device)
@@ -326,19 +368,21 @@ class RecordedFeaturizer:
                             "`features cnn|fne`, so new images cannot be featurized the same way")
         self.key = spec["key"]
         self.feature_shape = tuple(model.config["feature_shape"])
-        self.mapper = ImageMapper.from_config({
-            "cnn": config["cnn"], "weights": config.get("weights", "imagenet"),
-            "kind": "fne" if kind == "fne" else "global", "crops": int(config.get("crops", 10)),
-            "batch_size": 32, "device": str(resolve_device(device)), "input_size": config.get("input_size"),
-            "resize": config.get("resize"), "amp": bool(config.get("amp", False))})
+        if self.key == "fne":  # checked before any network is loaded
+            self.mean, self.std, self.thresholds = read_fne_featurizer(model.run_dir, model.config)
+        try:
+            self.mapper = ImageMapper.from_config({
+                "cnn": config.get("cnn"), "weights": config.get("weights", "imagenet"),
+                "kind": "fne" if kind == "fne" else "global", "crops": config.get("crops", 10),
+                "batch_size": 32, "device": str(resolve_device(device)),
+                "input_size": config.get("input_size"), "resize": config.get("resize"),
+                "amp": config.get("amp", False)})
+        except UserError as exc:  # the extractor's own bounds (features.mapper), said of this file
+            raise UserError(f"{where}: features.store: {exc}") from None
         if config.get("weights_sha256") != self.mapper.backbone.weights_sha256:
             raise UserError(f"{where}: the model's features were made with network weights "
                             f"{str(config.get('weights_sha256'))[:12]}..., the weights found here are "
                             f"{str(self.mapper.backbone.weights_sha256)[:12]}...")
-        if self.key == "fne":
-            stats = _read_tensors(model.run_dir, FEATURIZER, model.config)
-            self.mean, self.std = stats["fne_mean"].numpy(), stats["fne_std"].numpy()
-            self.thresholds = tuple(float(t) for t in spec["thresholds"])
 
     def __call__(self, paths: Sequence[str | Path]) -> tuple[np.ndarray, list[dict[str, str]]]:
         """Rows of the images at ``paths`` (unusable images are left out and listed as failures)."""
