@@ -177,9 +177,9 @@ def load_run_directory(run_dir: str | os.PathLike, checkpoint: str = "best", dev
     config = read_config(run_dir)
     settings = settings_from_config(config["settings"])
     dev = resolve_device(device)
-    state = load_checkpoint(path, map_location="cpu")
     vocab_size, feature_shape = model_sizes(config)
-    model = build_model(settings, vocab_size, feature_shape)
+    model = build_model(settings, vocab_size, feature_shape)  # sized by read_config's bounds
+    state = load_checkpoint(path, map_location="cpu", model=model)  # entries and shapes checked unread
     load_model_state(model, state["model"], path, config.get("code_version", "?"))
     model.to(dev).eval()
     return LoadedRun(run_dir=run_dir, settings=settings, config=config, model=model, device=dev,

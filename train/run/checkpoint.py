@@ -203,32 +203,45 @@ def needs_pickle_message(path: str | os.PathLike) -> str:
             f"yourself, re-save it once with `{CONVERT_COMMAND}`")
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu", mmap: bool = False
-                    ) -> dict[str, Any]:
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu", mmap: bool = False,
+                    model: torch.nn.Module | None = None) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint` with the pickle-free loader.
 
-    ``mmap``: map the tensors' storage instead of reading it (a cheap check of a large file).
+    The file is first opened with its tensors memory-mapped (nothing is inflated or copied: a
+    compressed entry is refused) and every entry checked (:func:`check_format`; with ``model``, its
+    tensors' names and shapes too, :func:`check_model_state`); only then are the tensors read, unless
+    ``mmap`` asks to keep them mapped (a cheap check of a large file).
 
     Raises:
         UserError: (one line naming ``path``) missing, unreadable, needing pickle (a foreign file
-            or one written before format 2), or of another format.
+            or one written before format 2), of another format, or holding an entry this code does
+            not write or does not expect.
     """
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such checkpoint")
+    state = check_format(_torch_load(path, "cpu", mmap=True), path)
+    if model is not None:
+        check_model_state(model, state["model"], str(path))
+    if mmap:
+        return state
+    del state
+    return check_format(_torch_load(path, map_location, mmap=False), path)
+
+
+def _torch_load(path: Path, map_location: str | torch.device, mmap: bool) -> Any:
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError:
         raise UserError(needs_pickle_message(path)) from None
     except Exception as exc:  # a damaged or foreign file: say which one
         raise UserError(f"{path}: not a readable checkpoint ({type(exc).__name__}: {_first_line(exc)})"
                         ) from None
-    return check_format(state, path)
 
 
 def check_format(state: Any, path: str | os.PathLike) -> dict[str, Any]:
-    """``state`` if it is a format-2 checkpoint dictionary (named model tensors, an integer epoch), else
-    a one-line :class:`UserError` naming ``path``."""
+    """``state`` if it is a format-2 checkpoint dictionary (:func:`check_entries`), else a one-line
+    :class:`UserError` naming ``path``."""
     if not isinstance(state, dict) or "format" not in state:
         raise UserError(needs_pickle_message(path))
     if state["format"] != FORMAT:
@@ -238,9 +251,96 @@ def check_format(state: Any, path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(model, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                               for k, v in model.items()):
         raise UserError(f"{path}: its 'model' entry is not a dictionary of named tensors")
-    if not isinstance(state.get("epoch"), int) or isinstance(state.get("epoch"), bool):
-        raise UserError(f"{path}: its 'epoch' entry is not an integer")
+    check_entries(state, path)
     return state
+
+
+#: the most parameters (and buffer values) a checkpoint's model may hold: 4 GiB of float32, 10 times the
+#: largest model the families build at their papers' settings on COCO (OECC, about 80 million)
+MAX_PARAMETERS = 1 << 30
+#: bytes of the tensors of a checkpoint beyond its model's twice over (Adam's two moments): random
+#: generator states (5 KiB each) and optimiser step counters
+SMALL_TENSOR_BYTES = 1 << 20
+#: integer entries of a checkpoint (``None``: absent in older checkpoints of format 2)
+_COUNTS = ("epoch", "position", "global_step", "bad_epochs", "phase_start_epoch")
+#: the entries :meth:`train.engine.trainer.Trainer.state` writes, and the type each must have
+_ENTRIES: dict[str, type | tuple[type, ...]] = {
+    "model": dict, "optimizer": dict, "scheduler": dict, "objective": dict, "epoch": int, "position": int,
+    "global_step": int, "epoch_start_shuffle": torch.Tensor, "running": dict, "best_rsum": (int, float),
+    "bad_epochs": int, "history": list, "finished": bool, "phase_start_epoch": int, "rng": dict,
+    "settings": dict, "format": int}
+
+
+def check_entries(state: dict[str, Any], path: str | os.PathLike) -> None:
+    """A one-line :class:`UserError` naming ``path`` and the entry, unless every entry of ``state`` is one
+    :meth:`~train.engine.trainer.Trainer.state` writes, of its type: counts (epoch, position, step, ...)
+    whole numbers from 0 (a phase starting no later than its epoch), one ``history`` record per epoch
+    done, optimiser parameter groups listing parameter numbers, and tensors outside the model no larger
+    than the model's twice over (Adam's moments) plus :data:`SMALL_TENSOR_BYTES`. Run on the tensors
+    memory-mapped, before any is read (an entry of gigabytes under an unknown key is refused unread)."""
+    for key, value in state.items():
+        kind = _ENTRIES.get(key) if isinstance(key, str) else None
+        if kind is None:
+            raise UserError(f"{path}: holds an entry {str(key)[:80]!r} that this toolkit does not write")
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise UserError(f"{path}: its '{key}' entry is not {_type_name(kind)}")
+        if key in _COUNTS and value < 0:
+            raise UserError(f"{path}: its '{key}' entry is {value}, not a count from 0")
+    if "epoch" not in state:
+        raise UserError(f"{path}: its 'epoch' entry is not an integer")
+    if state.get("phase_start_epoch", 0) > state["epoch"]:
+        raise UserError(f"{path}: its 'phase_start_epoch' {state['phase_start_epoch']} is after its epoch "
+                        f"{state['epoch']}")
+    history = state.get("history")
+    if history is not None and (len(history) != state["epoch"]
+                                or not all(isinstance(r, dict) for r in history)):
+        raise UserError(f"{path}: its 'history' is not one record per epoch done ({state['epoch']})")
+    _check_optimizer_entry(state.get("optimizer"), path)
+    model = sum(_tensor_bytes(v) for v in state["model"].values())
+    if sum(t.numel() for t in state["model"].values()) > MAX_PARAMETERS:
+        raise UserError(f"{path}: its model holds more than {MAX_PARAMETERS:,} values")
+    rest = sum(_tensor_bytes(v) for k, v in state.items() if k != "model")
+    if rest > 2 * model + SMALL_TENSOR_BYTES:
+        raise UserError(f"{path}: holds {rest:,} bytes of tensors beside its model's {model:,}: more than an "
+                        "optimiser and random generator states need")
+
+
+def _type_name(kind: type | tuple[type, ...]) -> str:
+    names = {dict: "a dictionary", int: "an integer", float: "a number", list: "a list",
+             bool: "true or false", torch.Tensor: "a tensor"}
+    return " or ".join(names.get(k, k.__name__) for k in (kind if isinstance(kind, tuple) else (kind,)))
+
+
+def _check_optimizer_entry(optimizer: dict[str, Any] | None, path: str | os.PathLike) -> None:
+    """An optimiser ``state_dict``: parameter groups listing distinct parameter numbers, per-parameter
+    state keyed by those numbers."""
+    if optimizer is None:
+        return
+    groups, per_param = optimizer.get("param_groups"), optimizer.get("state")
+    if set(optimizer) != {"param_groups", "state"} or not isinstance(groups, list) or not isinstance(
+            per_param, dict):
+        raise UserError(f"{path}: its optimizer entry is not an optimiser state (param_groups and state)")
+    numbers = []
+    for group in groups:
+        params = group.get("params") if isinstance(group, dict) else None
+        if not isinstance(params, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                   for i in params):
+            raise UserError(f"{path}: an optimiser parameter group does not list parameter numbers")
+        numbers += params
+    if len(set(numbers)) != len(numbers) or not all(k in set(numbers) and isinstance(v, dict)
+                                                    for k, v in per_param.items()):
+        raise UserError(f"{path}: its optimiser state names parameters its groups do not list once")
+
+
+def _tensor_bytes(value: Any) -> int:
+    """Bytes of the tensors in ``value`` (nested lists and dictionaries)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
 
 
 def check_model_state(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor], source: str) -> None:
