@@ -37,6 +37,7 @@ from train.engine.inference import embed_images
 from train.engine.settings import TrainSection
 from train.engine.similarity import similarity
 from train.retrieval.evaluate.layout import scores_of_distinct
+from train.run.config import model_sizes
 from vsecore.errors import UserError
 
 
@@ -44,7 +45,9 @@ class SearchableRun(Protocol):
     """What a search reads of a run: :class:`train.retrieval.loaded.LoadedRun` has it, and offers
     :func:`search` as its ``search`` method. A protocol, so this module needs no import of that class."""
 
+    run_dir: Path
     settings: TrainSection
+    config: dict[str, Any]
     model: torch.nn.Module
     device: torch.device
 
@@ -136,6 +139,10 @@ def store_candidates(run: SearchableRun, data: str | Path, features: str,
                             "settings")
     dataset = PreparedDataset.load(data)
     x, valid = read_features(features, dataset)  # refuses a store made for other images
+    width = model_sizes(run.config)[1]
+    if [*x.shape[1:]] != width:
+        raise UserError(f"{features}: rows of shape {[*x.shape[1:]]}, but the run {run.run_dir} reads rows "
+                        f"of shape {width} (feature_shape); give the store extracted with the run's settings")
     rows = np.array([i for i in dataset.image_rows(split) if valid[i]], dtype=np.int64)
     if not len(rows):
         raise UserError(f"{data}: no images with valid features{f' in split {split}' if split else ''}")
