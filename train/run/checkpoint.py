@@ -24,6 +24,7 @@ import pickle
 import random
 import signal
 import threading
+import zipfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -220,6 +221,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such checkpoint")
+    _check_archive(path)
     state = check_format(_torch_load(path, "cpu", mmap=True), path)
     if model is not None:
         check_model_state(model, state["model"], str(path))
@@ -227,6 +229,20 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         return state
     del state
     return check_format(_torch_load(path, map_location, mmap=False), path)
+
+
+def _check_archive(path: Path) -> None:
+    """A one-line :class:`UserError` for a compressed entry in the checkpoint's zip archive: ``torch.save``
+    stores every entry as it is, and a deflated one could inflate to gigabytes when read."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            infos = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return  # not an archive torch reads either: torch.load names what it is
+    for info in infos:
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise UserError(f"{path}: holds a compressed entry {info.filename!r} of {info.file_size:,} bytes "
+                            "(torch.save compresses none; not a checkpoint this toolkit wrote)")
 
 
 def _torch_load(path: Path, map_location: str | torch.device, mmap: bool) -> Any:
