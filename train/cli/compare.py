@@ -15,7 +15,7 @@ from vsecore.errors import UserError
 
 def _command(args: argparse.Namespace) -> int:
     if args.runs:
-        collect_runs(args.runs, args.out, args.noise, args.device)
+        collect_runs(args.runs, args.out, args.noise, args.device, overwrite=args.overwrite)
         return 0
     if not args.data:
         raise UserError("--data is required (or --runs RUN... to compare finished runs)")
@@ -28,7 +28,7 @@ def _command(args: argparse.Namespace) -> int:
                              seeds=args.seeds, seed=args.seed, epochs=args.epochs,
                              out=args.out or COMPARE_OUT,
                              device=args.device, noise=args.noise or DEFAULT_NOISE)
-    run_compare(plan_from_section(section, args.pipelines))
+    run_compare(plan_from_section(section, args.pipelines), overwrite=args.overwrite)
     return 0
 
 
@@ -56,5 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--runs", nargs="+", metavar="RUN_DIR", default=None,
                    help="compare these finished runs instead of training (their noise analysis is computed "
                    "when --noise is given and it is missing)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace compare.json, compare.md and the figures in --out even if train compare "
+                   "did not write them")
     add_device_argument(p)
     p.set_defaults(func=_command)

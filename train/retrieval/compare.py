@@ -185,9 +185,10 @@ def plan_from_section(section: CompareSection, pipelines_file: str | Path | None
                 device=section.device, noise=section.noise)
 
 
-def check_plan(plan: Plan) -> None:
+def check_plan(plan: Plan, overwrite: bool = False) -> None:
     """One-line errors before anything is trained: a missing store for a family, an output folder that
-    is an input or lies inside an artifact, a folder holding another kind of file named compare.json."""
+    is an input or lies inside an artifact, a folder holding compare outputs it did not write
+    (:func:`check_compare_out`)."""
     for entry in plan.entries:
         regions = needs_regions({**entry.values, "data": plan.data}, plan.dataset_name)
         if regions and not plan.regions:
@@ -195,16 +196,43 @@ def check_plan(plan: Plan) -> None:
         if not regions and not plan.features:
             raise UserError(f"{entry.name}: this family reads global features: give --features STORE:global")
     inputs = [plan.data, *(s.rsplit(":", 1)[0] for s in (plan.features, plan.regions) if s)]
-    check_output_folder(plan.out, [], inputs=inputs)  # not an input, nor inside another artifact
-    own = Path(plan.out) / COMPARE_JSON
-    if own.is_file():
-        try:
-            kind = json.loads(own.read_text(encoding="utf-8")).get("kind")
-        except (OSError, ValueError, AttributeError):
-            kind = None
-        if kind != KIND:
-            raise UserError(f"--out {plan.out}: holds a {COMPARE_JSON} that train compare did not write; "
-                            "give the comparison a folder of its own")
+    check_compare_out(plan.out, inputs, overwrite)
+
+
+def check_compare_out(out: str | Path, inputs: Sequence[str | Path], overwrite: bool = False) -> None:
+    """``--out`` of a comparison: not an input nor inside another artifact (:mod:`vsecore.outputs`), and its
+    compare.json, compare.md and figures replaced only when compare wrote them (a compare.json of its
+    kind beside them) or with ``overwrite`` (the output rule of every writer, docs/safety.md)."""
+    check_output_folder(out, [], inputs=inputs)
+    own = Path(out) / COMPARE_JSON
+    try:
+        ours = own.is_file() and json.loads(own.read_text(encoding="utf-8")).get("kind") == KIND
+    except (OSError, ValueError, AttributeError):
+        ours = False
+    found = [name for name in OUTPUT_NAMES if (Path(out) / name).exists()]
+    if found and not ours and not overwrite:
+        raise UserError(f"--out {out}: holds {', '.join(found)}, which train compare did not write; give the "
+                        "comparison a folder of its own, or --overwrite to replace them")
+
+
+def check_same_dataset(runs: Sequence[str]) -> None:
+    """One-line errors for runs a table must not set side by side: one run given twice, or runs trained on
+    different prepared datasets (their test splits differ: the numbers are not comparable)."""
+    seen: dict[Path, str] = {}
+    datasets: dict[str, str] = {}
+    for run in runs:
+        where = Path(run).resolve()
+        if where in seen:
+            raise UserError(f"--runs: {run} is given twice (as {seen[where]})")
+        seen[where] = run
+        config = read_config(run)
+        data = (config.get("fingerprints") or {}).get("dataset_json") or str(config["settings"].get("data"))
+        datasets.setdefault(data, run)
+        if len(datasets) > 1:
+            first = datasets[next(iter(datasets))]
+            raise UserError(f"--runs: {run} was trained on another prepared dataset than {first} "
+                            f"({config['settings'].get('data')}, dataset.json differs): their test numbers "
+                            "are not comparable side by side")
 
 
 def train_run(plan: Plan, entry: Entry, seed: int, log: Callable[[str], None] = console.info) -> Path:
@@ -403,11 +431,13 @@ def write_outputs(plan_record: dict[str, Any], rows: list[dict[str, Any]], summa
         + (f" and {out / NOISE_PLOT}" if curves else ""))
 
 
-def run_compare(plan: Plan, log: Callable[[str], None] = console.info) -> list[dict[str, Any]]:
-    """Train (or resume, or keep) every run of ``plan``, evaluate each, and write the comparison.
+def run_compare(plan: Plan, log: Callable[[str], None] = console.info, overwrite: bool = False
+                ) -> list[dict[str, Any]]:
+    """Train (or resume, or keep) every run of ``plan``, evaluate each, and write the comparison
+    (``overwrite``: also over compare outputs in ``plan.out`` that compare did not write).
 
     Returns the summary rows, one per entry."""
-    check_plan(plan)
+    check_plan(plan, overwrite)
     out = Path(plan.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -438,8 +468,12 @@ def _resumable() -> Iterator[None]:
 
 
 def collect_runs(runs: Sequence[str], out: str | None, noise: str | None, device: str = "auto",
-                 log: Callable[[str], None] = console.info) -> list[dict[str, Any]]:
-    """``--runs``: the comparison of finished run directories (one entry per run, named by its folder)."""
+                 log: Callable[[str], None] = console.info, overwrite: bool = False) -> list[dict[str, Any]]:
+    """``--runs``: the comparison of finished run directories (one entry per run, named by its folder), each
+    once and all of one prepared dataset (:func:`check_same_dataset`); ``out`` as in :func:`run_compare`."""
+    check_same_dataset(runs)
+    if out is not None:
+        check_compare_out(out, runs, overwrite)
     rows, summary = [], []
     for run in runs:
         run_dir = Path(run)
@@ -447,7 +481,6 @@ def collect_runs(runs: Sequence[str], out: str | None, noise: str | None, device
         rows.append(row)
         summary.append(summarise(Entry(run_dir.name, row["family"], run_dir.name), [row]))
     if out is not None:
-        check_output_folder(out, [], inputs=runs)
         Path(out).mkdir(parents=True, exist_ok=True)
         write_outputs({"runs": [str(r) for r in runs]}, rows, summary, Path(out), None, log)
     else:
