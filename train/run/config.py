@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.overrides import TorchFunctionMode
 
 from features.spec import FeatureSpec
 from prep.dataset import CHARS_FILE, DATASET_FILE, WORDS_FILE
@@ -202,7 +203,7 @@ def check_model_size(settings: TrainSection, vocab_size: int, feature_shape: lis
             if isinstance(v, float) and not math.isfinite(v):
                 raise UserError(f"{path}: settings.{key}: {v} is not a finite number")
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), _NoInitialisation():
             model = build_model(settings, vocab_size, feature_shape)
     except (ArithmeticError, ValueError, TypeError, RuntimeError) as exc:
         raise UserError(f"{path}: the settings, vocab_size {vocab_size} and feature_shape {feature_shape} "
@@ -217,6 +218,19 @@ def check_model_size(settings: TrainSection, vocab_size: int, feature_shape: lis
                         f"{feature_shape} describe a model of {count:,} parameters, more than the "
                         f"{MAX_PARAMETERS:,} this toolkit builds")
     return count
+
+
+class _NoInitialisation(TorchFunctionMode):
+    """In-place operations on ``meta`` tensors (a module's initialisation) do nothing: some of them
+    (``normal_``) would import torch's compiler, seconds, to compute nothing."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        name = getattr(func, "__name__", "")
+        target = args[0] if args else (kwargs or {}).get("tensor")
+        in_place = name.endswith("_") and not name.endswith("__")
+        if in_place and isinstance(target, torch.Tensor) and target.is_meta:
+            return target
+        return func(*args, **(kwargs or {}))
 
 
 def _check_fingerprints(config: dict[str, Any], path: str | os.PathLike) -> None:
