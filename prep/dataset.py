@@ -175,7 +175,7 @@ class PreparedDataset:
         file = root / DATASET_FILE
         digest: list[str] = []
         # the collector stays off until the parsed file is freed: one collection with it alive walks
-        # every one of its ten million objects
+        # every one of its millions of objects
         with gc_paused():
             data = _read_json(file, digest)
             if isinstance(data, dict) and data.get("task") == "textcls":

@@ -1,8 +1,9 @@
 """``dataset.json``'s images and sentences held as columns, not as one Python object per sentence.
 
 Karpathy COCO's ``dataset.json`` (123,287 images, 616,435 sentences, 163 MB) parsed into a
-:class:`Sentence` and a tuple of token strings per caption held 1.09 GiB and took 17 to 35 s to read, most of
-it the cyclic garbage collector walking the millions of objects the parse makes (none of them cycles).
+:class:`Sentence` and a tuple of token strings per caption held 1.09 GiB and took 16 to 18 s to read here
+(``docs/scale.md``), most of it the cyclic garbage collector walking the millions of objects the parse
+makes (none of them cycles).
 :func:`read_rows` reads the parsed file (the collector paused: :func:`gc_paused`) into columns: the texts
 and the tokens as one string each with offsets (:class:`TextColumn`, :class:`TokenColumn`), the splits and
 languages as codes into a table of their few values (:class:`ValueColumn`), ids as int64 arrays; nothing
@@ -78,7 +79,10 @@ class TextColumn:
         return len(self.values) if self.values is not None else len(self.offsets) - 1
 
     def __iter__(self) -> Iterator[Any]:
-        return (self[k] for k in range(len(self)))
+        if self.values is not None:
+            return iter(self.values)
+        text, bounds = self.text, self.offsets.tolist()
+        return (text[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True))
 
 
 class ValueColumn:
