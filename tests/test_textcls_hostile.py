@@ -86,3 +86,28 @@ def test_a_special_file_is_one_line(tmp_path: Path, kind: str) -> None:
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
     assert "is not a regular file" in lines[0]
+
+
+def test_a_classification_run_refuses_a_dataset_prepared_again_otherwise(tmp_path: Path, capsys) -> None:
+    """Issue 30.6: re-preparing the run's dataset with other options (another seed: other texts in each
+    split; another alphabet) makes `train evaluate` and `train predict` say so in one line, instead of
+    silently scoring another test split or encoding texts with another alphabet."""
+    from helpers import CLASSIFY_TINY, prepare_tiny_textcls
+
+    from prep.cli import main as prep_main
+    from train.cli import main as train_main
+
+    data = prepare_tiny_textcls(tmp_path)
+    run = tmp_path / "run"
+    assert train_main(["classify", "--data", str(data), *CLASSIFY_TINY, "--epochs", "1", "-q",
+                       "--out", str(run)]) == 0
+    assert train_main(["predict", "--run", str(run), "--text", "paris summit"]) == 0
+    capsys.readouterr()
+    raw = tmp_path / "raw"
+    assert prep_main(["textcls", "--train", str(raw / "train.csv"), "--test", str(raw / "test.csv"),
+                      "--val-fraction", "0.25", "--seed", "5", "-q", "--out", str(data), "--overwrite"]) == 0
+    for argv in (["evaluate", "--run", str(run)], ["predict", "--run", str(run), "--text", "paris summit"]):
+        assert train_main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "prepared dataset changed since it was trained" in err, err
+        assert "dataset.json" in err, err

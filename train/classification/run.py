@@ -26,10 +26,11 @@ from train.engine.codecs import TextCodec
 from train.engine.settings import ClassifySection
 from train.run.checkpoint import load_checkpoint, load_model_state
 from train.run.config import (
+    changed_dataset_files,
     classify_settings_from_config,
     read_config,
 )
-from train.run.layout import RunDir
+from train.run.layout import CONFIG, RunDir
 from vsecore.device import resolve_device
 from vsecore.errors import UserError
 
@@ -63,6 +64,11 @@ class ClassificationRun:
     def dataset(self) -> TextClsDataset:
         """The prepared dataset the run was trained on (loaded on first use)."""
         if self._dataset is None:
+            changed = changed_dataset_files(self.config, self.settings.data)
+            if changed:  # re-prepared since: other texts, alphabet or vocabulary under the same codes
+                raise UserError(f"{self.run_dir}: the run's prepared dataset changed since it was trained: "
+                                f"{', '.join(changed)} in {self.settings.data} differ from the fingerprints "
+                                f"in {CONFIG}; train again on it (or prepare it again as it was)")
             self._dataset = TextClsDataset.load(self.settings.data)
         return self._dataset
 
