@@ -401,3 +401,20 @@ def test_killed_writing_last_pt_at_a_curriculum_switch_resumes_into_the_next_pha
     assert [r["phase"] for r in metrics_without_timings(killed)] == ["sum"] * 3 + ["max"] * 2
     assert metrics_without_timings(killed) == metrics_without_timings(straight)
     assert_same_weights(killed / "checkpoints" / "last.pt", straight / "checkpoints" / "last.pt")
+
+
+def test_a_checkpoint_position_past_its_epoch_is_one_line(tiny_chain_run, tmp_path, capsys) -> None:
+    """Issue 30.4: a checkpoint whose batch position lies past the epoch's batches (an edited file, or one
+    written for other data) is refused in one line before any step, not resumed into an empty epoch."""
+    run = copy_run(tiny_chain_run, tmp_path / "r")
+    for name in ("best.pt", "last.pt"):
+        path = run / "checkpoints" / name
+        state = load_checkpoint(path)
+        state["position"] = 10**6
+        save_checkpoint(path, state)
+    before = metrics_without_timings(run)
+    capsys.readouterr()
+    assert train_cli(["chain", "--out", str(run), "--resume", "--epochs", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "position (batch 1000000) is past the" in err, err
+    assert metrics_without_timings(run) == before

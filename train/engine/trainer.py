@@ -283,6 +283,11 @@ class Trainer:
         # when resuming mid-epoch, so the remaining batches are those an uninterrupted run sees
         self.shuffle.set_state(self.epoch_start_shuffle)
         batches = epoch_batches(self.train_set, s.batch_size, s.captions_per_epoch, self.shuffle)
+        if self.position >= len(batches):  # a checkpoint is written mid-epoch only before its last batch
+            raise UserError(f"{self.checkpoint_dir}: the checkpoint's position (batch {self.position}) is "
+                            f"past the {len(batches)} batches of epoch {self.epoch + 1}; the file was "
+                            "edited, or written for other data (resume from another checkpoint, or train "
+                            "again)")
         pairs = [(ps, epoch_pair_batches(ps, len(batches), s.batch_size, self.shuffle)[self.position:])
                  for ps in self.pair_sets]
         remaining = batches[self.position:]
