@@ -68,10 +68,7 @@ class ConsistentReads:
     def check_unchanged(self, before: StoreState) -> None:
         """A one-line UserError if the store changed since ``before`` (a rewrite overlapped a read)."""
         if self.state().generation != before.generation:
-            holder = lock_holder(self.path)
-            by = f" by {holder}" if holder else ""
-            raise UserError(f"{self.path}: the store was rewritten{by} while it was being read; read it "
-                            "again (when that command has finished)")
+            raise self._rewritten("the store")
 
     def array_identity(self, name: str) -> tuple[str, int, str] | None:
         """What array ``name`` is now: ``(its folder, the folder's inode, a digest of its zarr.json)``,
@@ -94,7 +91,11 @@ class ConsistentReads:
         """A one-line UserError unless array ``name`` is still the one :meth:`array_identity` gave as
         ``before`` (it was replaced while its rows were read)."""
         if before is None or self.array_identity(name) != before:
-            holder = lock_holder(self.path)
-            by = f" by {holder}" if holder else ""
-            raise UserError(f"{self.path}: array '{name}' was rewritten{by} while it was being read; read "
-                            "it again (when that command has finished)")
+            raise self._rewritten(f"array '{name}'")
+
+    def _rewritten(self, what: str) -> UserError:
+        """The one-line error for ``what`` (the store, or one of its arrays) rewritten during a read."""
+        holder = lock_holder(self.path)
+        by = f" by {holder}" if holder else ""
+        return UserError(f"{self.path}: {what} was rewritten{by} while it was being read; read it again "
+                         "(when that command has finished)")

@@ -10,6 +10,7 @@ of ``pipelines.yaml`` (:mod:`pipelines.schema`) can name it.
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -228,3 +229,13 @@ class CompareSection(Section):
     features: str | None = None
     regions: str | None = None
     out: str
+
+
+def first_non_finite(settings: BaseModel) -> tuple[str, float] | None:
+    """``(field, value)`` of the first float setting (or float in a list setting) that is NaN or infinite,
+    or ``None``: the schema lets them through, no run can use them."""
+    for key, value in settings.model_dump().items():
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, float) and not math.isfinite(v):
+                return key, v
+    return None

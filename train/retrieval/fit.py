@@ -10,7 +10,6 @@ recorded in its ``config.json``. Every registered family gets a subcommand.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +38,7 @@ from train.engine.settings import (
     DRY_RUN_REGIONS,
     DRY_RUN_VOCABULARY,
     TrainSection,
+    first_non_finite,
 )
 from train.engine.trainer import Trainer, write_evaluation
 from train.models.family import (
@@ -149,11 +149,8 @@ _MAX_SEED = 2**32 - 1
 def _check_numbers(settings: TrainSection, sizes: dict[str, int | None]) -> None:
     """One-line errors for numbers the schema lets through but the run cannot use: a non-finite float,
     a seed outside 0..2^32-1, a size or layer of 0 or less."""
-    for key, value in settings.model_dump().items():
-        values = value if isinstance(value, list) else [value]
-        for v in values:
-            if isinstance(v, float) and not math.isfinite(v):
-                raise UserError(f"--{key.replace('_', '-')} {v}: must be a finite number")
+    if (bad := first_non_finite(settings)) is not None:
+        raise UserError(f"--{bad[0].replace('_', '-')} {bad[1]}: must be a finite number")
     if not 0 <= settings.seed <= _MAX_SEED:
         raise UserError(f"--seed {settings.seed}: must be between 0 and {_MAX_SEED}")
     for option, value in sizes.items():

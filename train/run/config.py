@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import math
 import os
 import re
 from pathlib import Path
@@ -22,7 +21,7 @@ from torch.overrides import TorchFunctionMode
 
 from features.spec import FeatureSpec
 from prep.dataset import CHARS_FILE, DATASET_FILE, WORDS_FILE
-from train.engine.settings import ClassifySection, TrainSection
+from train.engine.settings import ClassifySection, TrainSection, first_non_finite
 from train.models.family import families_with_key, get_family, train_settings
 from train.models.joint import build_model
 from train.run.checkpoint import MAX_PARAMETERS
@@ -198,10 +197,8 @@ def check_model_size(settings: TrainSection, vocab_size: int, feature_shape: lis
     """The number of parameters (and buffer values) of the model ``settings`` build, counted on PyTorch's
     ``meta`` device (no memory is allocated), or a one-line :class:`UserError` naming ``path``: a float
     setting that is not finite, settings that build no model, or more than :data:`MAX_PARAMETERS`."""
-    for key, value in settings.model_dump().items():
-        for v in value if isinstance(value, list) else [value]:
-            if isinstance(v, float) and not math.isfinite(v):
-                raise UserError(f"{path}: settings.{key}: {v} is not a finite number")
+    if (bad := first_non_finite(settings)) is not None:
+        raise UserError(f"{path}: settings.{bad[0]}: {bad[1]} is not a finite number")
     try:
         with torch.device("meta"), _NoInitialisation():
             model = build_model(settings, vocab_size, feature_shape)
