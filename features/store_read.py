@@ -24,10 +24,10 @@ import numpy as np
 
 from features.spec import SPEC_ARRAYS, FeatureSpec
 from features.store import FeatureStore
-from features.store_layout import rows_per_file
+from features.store_layout import MAX_ARRAY_METADATA_BYTES, rows_per_file
 from prep.dataset import DATASET_FILE, PreparedDataset
 from vsecore.errors import UserError
-from vsecore.io import sha256_file
+from vsecore.io import read_text, sha256_file
 
 #: the per-row arrays of a region store (``features regions``, ``features import --format
 #: scan-precomp|butd-tsv``)
@@ -309,10 +309,19 @@ def layout_digest(spec: str) -> str:
     :data:`LAYOUT_FIELDS` (data type, shape, chunking, codecs, fill value), canonically serialised.
 
     A run records it beside :func:`train.run.config.features_fingerprint` (which samples row bytes):
-    the same bytes under another data type, shape or codec are other features.
+    the same bytes under another data type, shape or codec are other features. Called beside a read of
+    the same store (whose open checked its record), so only that one small file is read here, bounded as
+    every array record is; the store is opened only for a ternary array caught mid ``--rethreshold``.
     """
-    store, _, name = _open_for_reading(spec, None)
-    meta = store.array_folder(name) / "zarr.json"
-    record = json.loads(meta.read_text(encoding="utf-8"))  # bounded and checked when the store opened
-    layout = {k: record.get(k) for k in LAYOUT_FIELDS}
+    parsed = FeatureSpec.parse(spec)
+    name = SPEC_ARRAYS[parsed.key_in(lambda n: (parsed.store / n / "zarr.json").is_file())]
+    meta = parsed.store / name / "zarr.json"
+    if not meta.is_file():
+        meta = FeatureStore(parsed.store).array_folder(name) / "zarr.json"
+    text = read_text(meta, "the array metadata", most=MAX_ARRAY_METADATA_BYTES)
+    try:
+        record = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise UserError(f"{meta}: cannot read the array metadata: {exc}") from None
+    layout = {k: record.get(k) for k in LAYOUT_FIELDS} if isinstance(record, dict) else record
     return hashlib.sha256(json.dumps(layout, sort_keys=True).encode()).hexdigest()
