@@ -82,6 +82,7 @@ def run_toolkit(name: str, args: argparse.Namespace, data: Path, sets: dict[floa
 
     from train.classification.fit import run_classification
     from train.classification.run import load_classification_run
+    from train.models.classifier import encoder_keys
 
     torch.set_num_threads(args.threads)
     base = get_pipeline(args.pipeline).classify
@@ -97,8 +98,9 @@ def run_toolkit(name: str, args: argparse.Namespace, data: Path, sets: dict[floa
     if name.startswith("chain"):
         values.update(encoder="chain", version=name.split("-")[1])
     else:
-        for key in ("version", "p", "arch", "variant", "hops", "penalty"):
-            values.pop(key, None)
+        for key, encoders in encoder_keys().items():
+            if "gru" not in encoders:
+                values.pop(key, None)
         values.update(encoder="gru", word_dim=args.word_dim, gru_units=args.gru_units)
     settings = type(base).model_validate(values)
     cpu, wall = time.process_time(), time.perf_counter()

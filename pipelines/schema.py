@@ -88,6 +88,16 @@ class Pipeline(BaseModel):
 
         return train_settings(**value)
 
+    @field_validator("classify", mode="before")
+    @classmethod
+    def _classify_settings(cls, value: Any) -> Any:
+        """A ``classify:`` mapping is classification's settings + its encoder family's options."""
+        if not isinstance(value, dict):
+            return value
+        from train.models.classifier import classify_settings  # start-up: families only once a file is read
+
+        return classify_settings(**value)
+
     @model_validator(mode="after")
     def _chain_outputs(self) -> Pipeline:
         for stage in (self.features, self.regions):
@@ -340,11 +350,16 @@ def stage_settings(stage: str, args: argparse.Namespace, **fixed: Any) -> Sectio
 
 
 def _section_model(stage: str, values: dict[str, Any]) -> type[Section]:
-    """The schema of a stage's section: for ``train``, the settings class of its family."""
+    """The schema of a stage's section: for ``train``, the settings class of its family; for ``classify``,
+    classification's settings + the encoder families' options."""
     if stage == "train" and "family" in values:
         from train.models.family import settings_class  # start-up: the families (and torch) only when read
 
         return settings_class(values["family"])
+    if stage == "classify":
+        from train.models.classifier import classify_settings_class  # start-up: the families only when read
+
+        return classify_settings_class()
     return SECTIONS[stage]
 
 

@@ -76,12 +76,6 @@ def make_store(path: Path, dataset: Path, dim: int = 16, invalid: tuple[int, ...
     return path
 
 
-
-
-
-
-
-
 def make_image_dataset(root: Path, coco_sample: Path, n: int, splits: list[str] | None = None,
                   extra: dict[int, Path] | None = None) -> Path:
     """A prepared dataset folder of ``n`` coco_sample images (``extra`` replaces rows by other files)."""
@@ -183,8 +177,6 @@ def hold_lock(target: Path) -> subprocess.Popen:
                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert proc.stdout.readline().strip() == "held"
     return proc
-
-
 
 
 def annotated_dataset(tmp_path: Path, names: list[str], splits: list[str], cocoids: list[int] | None = None

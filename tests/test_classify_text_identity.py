@@ -17,7 +17,7 @@ from prep.textcls import ZHANG_REPAIRS, TextClsDataset, encoder_text
 from train.classification.model import LabelledTexts, classifier_codec, predict_logits
 from train.classification.run import load_classification_run
 from train.cli import main as train_main
-from train.engine.settings import ClassifySection
+from train.models.classifier import classify_settings
 
 #: a title and a description with everything the AG News files hold: a tab, runs of spaces, complete and
 #: broken HTML entities, the escaped dollar, a backslash line break, an escaped quote after a break
@@ -67,7 +67,7 @@ def test_prep_and_predict_give_the_same_codes(trained: tuple[Path, Path, Path], 
     raw = read_zhang_csv(test_csv, 2)[0].text  # the row as the file holds it
     assert "\t" in raw and "  " in raw and "#39;" in raw and "\\$" in raw
     ds = TextClsDataset.load(data)
-    settings = ClassifySection(encoder=encoder, data=str(data), out="unused", max_chars=200)
+    settings = classify_settings(encoder=encoder, data=str(data), out="unused", max_chars=200)
     codec = classifier_codec(settings, ds)
     k = ds.rows("test")[0]
     trained_codes = codec.encode(ds.texts[k], ds.tokens[k])

@@ -15,7 +15,7 @@ from train.classification.model import NoisyTexts, with_training_noise
 from train.cli import main as train_main
 from train.engine.codecs import TextCodec
 from train.engine.noise import add_character_noise, training_noise
-from train.engine.settings import ClassifySection
+from train.models.classifier import classify_settings
 
 TINY = ["--encoder", "chain", "--p", "0.0625", "--max-chars", "48", "--batch-size", "8", "--dropout", "0.1",
         "--device", "cpu"]
@@ -55,7 +55,7 @@ def test_noisy_texts_encode_their_noise_and_zero_is_no_noise(tmp_path: Path) -> 
     assert batch.labels.tolist() == [2, 0]
     assert not torch.equal(batch.text, clean.batch([2, 0]).text)
     with pytest.raises(ValueError):
-        ClassifySection(out="x", train_noise=1.0)
+        classify_settings(out="x", train_noise=1.0)
 
 
 @pytest.fixture(scope="module")

@@ -123,8 +123,6 @@ def test_identity_falls_back_for_older_stores(data, other_images, other_captions
         check_store_matches(short, PreparedDataset.load(data))
 
 
-
-
 def test_every_writer_takes_the_lock_and_a_killed_holder_releases_it(data, tmp_path, capsys):
     out = tmp_path / "s.zarr"
     assert main(["fne", "--data", str(data), "--out", str(out), *BASE]) == 0

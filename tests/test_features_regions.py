@@ -243,12 +243,6 @@ def test_select_regions_fixed_k():
 # --- readers ------------------------------------------------------------------------------------------
 
 
-
-
-
-
-
-
 def test_butd_tsv_matched_in_row_order_with_missing_and_extra(tmp_path):
     names = [f"COCO_val2014_{i:012d}.jpg" for i in (391895, 522418, 184613, 318219)]
     data = annotated_dataset(tmp_path, names, ["train", "train", "val", "test"])

@@ -41,8 +41,6 @@ LIWE = ["--layers", "8,8", "--word-length", "8"]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-
-
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory) -> tuple[Path, str]:
     root = tmp_path_factory.mktemp("liwe")

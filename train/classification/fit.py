@@ -13,6 +13,7 @@ with ``"task": "classify"``, ``checkpoints/best.pt`` and ``last.pt``, ``metrics.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,7 +33,6 @@ from train.classification.model import (
     NoisyTexts,
     build_classifier,
     classifier_codec,
-    encoder_spec,
     labelled_texts,
     predict_logits,
     with_training_noise,
@@ -40,6 +40,7 @@ from train.classification.model import (
 from train.engine.codecs import TextCodec
 from train.engine.settings import DRY_RUN_ALPHABET, ClassifySection
 from train.engine.trainer import Trainer
+from train.models.classifier import encoder_spec
 from train.run.checkpoint import remove_stale_temporaries
 from train.run.config import (
     RESUMABLE_CHANGES,
@@ -58,20 +59,6 @@ from vsecore.version import code_version
 PAPER_PARAMETERS = 1_500_000
 #: the vocabulary the paper gives its word-level peers on DBPedia and Tweets (section 5)
 PAPER_WORD_VOCABULARY = 200_000
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 class ClassificationTrainer(Trainer):
@@ -101,10 +88,6 @@ class ClassificationTrainer(Trainer):
         rename = {"rsum": "val_accuracy", "best_rsum": "best_val_accuracy", "captions": "texts",
                   "captions_per_s": "texts_per_s"}
         return {rename.get(k, k): v for k, v in record.items()}
-
-
-
-
 
 
 def _config(settings: ClassifySection, dataset: TextClsDataset, codec: TextCodec,
@@ -143,8 +126,6 @@ def _check_resumable(run_dir: Path, new: dict[str, Any]) -> None:
 
 def absolute(settings: ClassifySection) -> ClassifySection:
     """A copy with ``data`` and ``out`` absolute."""
-    import os
-
     update = {"out": os.path.abspath(settings.out)}
     if settings.data:
         update["data"] = os.path.abspath(settings.data)
@@ -233,15 +214,5 @@ def dry_run_report(settings: ClassifySection, vocab_size: int | None = None,
     console.result(f"  a {PAPER_WORD_VOCABULARY:,}-word embedding model: {words:,} parameters in its "
                    f"{settings.word_dim}-d embedding table alone ({words / report['total']:.0f}x this model)")
     return report
-
-
-
-
-
-
-
-
-
-
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -18,14 +17,10 @@ from train.engine.codecs import TextCodec, codec_for
 from train.engine.inference import embed_codes
 from train.engine.noise import caption_alphabet, training_noise
 from train.engine.settings import ClassifySection
-from train.models.family import model_spec
-from train.models.registry import ModelSpec, count_parameters, create_text_encoder
+from train.models.classifier import encoder_spec
+from train.models.registry import count_parameters, create_text_encoder
 
 TASK = "classify"
-
-
-#: ``--encoder`` -> the retrieval family whose registered text encoder it is
-ENCODER_FAMILY = {"chain": "chain", "oecc": "oecc", "seam": "seam", "gru": "vse"}
 
 
 class TextBatch(NamedTuple):
@@ -81,15 +76,6 @@ def with_training_noise(texts: LabelledTexts, ratio: float, seed: int) -> Labell
         return texts
     return NoisyTexts(texts.codes, texts.labels, texts.codec, texts.texts, ratio=ratio, seed=seed,
                       alphabet=caption_alphabet(texts.texts))
-
-
-def encoder_spec(settings: ClassifySection) -> ModelSpec:
-    """The :class:`ModelSpec` the encoder's retrieval family builds (its registered encoder and kwargs)."""
-    s = settings
-    view = SimpleNamespace(family=ENCODER_FAMILY[s.encoder], version=s.version, p=s.p, arch=s.arch,
-                           variant=s.variant, hops=s.hops, penalty=s.penalty, gru_units=s.gru_units,
-                           d=s.gru_units, word_dim=s.word_dim, absolute=False)
-    return model_spec(view)
 
 
 class TextClassifier(nn.Module):

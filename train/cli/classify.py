@@ -15,13 +15,15 @@ from pipelines.schema import add_pipeline_arguments, stage_settings
 from train.classification.evaluate import evaluate_run
 from train.classification.fit import PAPER_WORD_VOCABULARY, run_classification
 from train.classification.run import is_classification_run, load_classification_run
+from train.cli.fit_options import field_option, show_defaults
 from train.cli.options import (
     add_checkpoint_argument,
     add_run_arguments,
     run_from_arguments,
     take_resumed_settings,
 )
-from train.engine.settings import CLASSIFY_ENCODERS, DRY_RUN_ALPHABET, ClassifySection
+from train.engine.settings import DRY_RUN_ALPHABET
+from train.models.classifier import classify_settings, classify_settings_class, encoder_keys
 from train.run.config import default_run_dir, read_config
 from train.run.layout import RunDir
 from vsecore.device import add_device_argument
@@ -38,7 +40,7 @@ def _classify_command(args: argparse.Namespace) -> int:
         if stored.get("task") != "classify":
             raise UserError(f"{args.out}: cannot resume: not a classification run")
         take_resumed_settings(args, stored["settings"])
-        for key, encoders in ClassifySection.encoder_keys.items():
+        for key, encoders in encoder_keys().items():
             if args.encoder not in encoders and getattr(args, key, None) == stored["settings"].get(key):
                 setattr(args, key, None)
     settings = stage_settings("classify", args)
@@ -103,32 +105,36 @@ def evaluate_command(args: argparse.Namespace, run_dir: Path) -> int:
     return 0
 
 
-def _encoder_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("text encoder (a registered encoder of the retrieval families)")
-    g.add_argument("--encoder", choices=CLASSIFY_ENCODERS, default=None,
-                   help="chain: CHAIN-VSE (characters); oecc: convolutions through time (characters); seam: "
-                        "self-attention over words; gru: word embedding + GRU (default chain)")
-    g.add_argument("--version", choices=("v1", "v2"), default=None, help="chain: v1 or v2 (default v1)")
-    g.add_argument("--p", type=float, default=None,
-                   help="chain: width multiplier, 256p filters per stream (default 1.0)")
-    g.add_argument("--arch", choices=("A", "B", "C", "D"), default=None,
-                   help="oecc: architecture (default D)")
-    g.add_argument("--variant", choices=("E", "C", "G"), default=None, help="seam: variant (default E)")
-    g.add_argument("--hops", type=int, default=None, help="seam: attention hops (default: the variant's)")
-    g.add_argument("--penalty", type=float, default=None, help="seam: attention penalty lambda (default 0)")
-    g.add_argument("--gru-units", dest="gru_units", type=int, default=None,
-                   help="GRU units of gru and seam G (default 512)")
-    g.add_argument("--word-dim", dest="word_dim", type=int, default=None,
-                   help="gru: word embedding size (default 300)")
-    g.add_argument("--dropout", type=float, default=None,
-                   help="dropout before the softmax layer (default 0.5)")
-    g.add_argument("--max-chars", dest="max_chars", type=int, default=None,
-                   help="character encoders read at most this many characters (default 1014)")
-    g.add_argument("--max-words", dest="max_words", type=int, default=None,
-                   help="word encoders read at most this many words (default 200)")
-    g.add_argument("--min-word-count", dest="min_word_count", type=int, default=None,
-                   help="word encoders: train words seen fewer times map to <unk> (default 1)")
-    g.add_argument("--lang", default=None, help="language of new texts for word encoders (default en)")
+#: the option group of ``--encoder``, where every encoder's options follow it
+ENCODER_GROUP = "text encoder (a registered encoder of the retrieval families)"
+#: classification's option groups in ``--help`` order: every field of the settings is in one; the encoder
+#: group also holds every encoder's options (composed from the families, :mod:`train.models.classifier`)
+CLASSIFY_GROUPS: dict[str, tuple[str, ...]] = {
+    "data": ("data",),
+    ENCODER_GROUP: ("encoder", "dropout", "max_chars", "max_words", "min_word_count", "lang"),
+    "optimisation": ("batch_size", "lr", "lr_schedule", "lr_decay_patience", "lr_step", "early_stop",
+                     "epochs", "grad_clip", "seed", "train_noise"),
+    "run": ("out", "checkpoint_every", "device", "amp", "workers"),
+}
+
+
+def _settings_options(p: argparse.ArgumentParser) -> dict[str, argparse._ArgumentGroup]:
+    """One option per field of the classifier's settings (:func:`train.cli.fit_options.field_option`), in
+    :data:`CLASSIFY_GROUPS`: the encoders' options after ``encoder``, as their families declare them."""
+    model = classify_settings_class()
+    placed = [name for names in CLASSIFY_GROUPS.values() for name in names]
+    encoder_options = list(encoder_keys())
+    unplaced = set(model.model_fields) - set(placed) - set(encoder_options)
+    if unplaced:
+        raise RuntimeError(f"CLASSIFY_GROUPS is out of date: no group for {sorted(unplaced)}")
+    groups = {title: p.add_argument_group(title) for title in CLASSIFY_GROUPS}
+    for title, names in CLASSIFY_GROUPS.items():
+        for name in names:
+            field_option(groups[title], name, model.model_fields[name])
+            if name == "encoder":
+                for option in encoder_options:
+                    field_option(groups[title], option, model.model_fields[option])
+    return groups
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -141,21 +147,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "accuracy. Same run directory as retrieval: config.json, checkpoints/best.pt and last.pt, "
         "metrics.jsonl, train.log, curves.png, eval/test.json; --resume continues exactly.",
         formatter_class=HelpFormatter)
-    p.add_argument("--data", metavar="PREPARED", default=None, help="folder written by `prep textcls`")
-    _encoder_options(p)
-    _optimisation_options(p.add_argument_group("optimisation"))
-    r = p.add_argument_group("run")
-    r.add_argument("--out", metavar="RUN_DIR", default=None, help="run directory (default "
-                   "runs/classify-<timestamp>)")
+    r = _settings_options(p)["run"]
     r.add_argument("--resume", action="store_true",
                    help="continue the run in --out from its newest checkpoint")
     r.add_argument("--overwrite", action="store_true", help="start over in an --out that holds a run")
-    r.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, default=None,
-                   help="also write checkpoints/last.pt every this many steps (default 200)")
-    add_device_argument(r, None)
-    r.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None,
-                   help="bf16 autocast on CUDA (default off)")
-    r.add_argument("--workers", type=int, default=None, help="batch-collating worker processes (default 0)")
     r.add_argument("--dry-run", dest="dry_run", action="store_true",
                    help="build the model, print its parameter counts (encoder + head; the paper's ~1.5M and "
                         "a 200,000-word embedding model beside them) and exit")
@@ -164,6 +159,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         f"{DRY_RUN_ALPHABET} / {PAPER_WORD_VOCABULARY:,})")
     r.add_argument("--classes", type=int, default=None, help="--dry-run without --data: classes (default 4)")
     add_pipeline_arguments(p)
+    show_defaults(p, classify_settings(out="RUN_DIR"))
     p.set_defaults(func=_classify_command)
 
     q = sub.add_parser(
@@ -184,26 +180,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_checkpoint_argument(q, "checkpoint of the run")
     add_device_argument(q)
     q.set_defaults(func=_predict_command)
-
-
-def _optimisation_options(o: argparse._ArgumentGroup) -> None:
-    o.add_argument("--batch-size", dest="batch_size", type=int, default=None, help="texts per batch "
-                   "(default 128)")
-    o.add_argument("--lr", type=float, default=None, help="Adam learning rate (default 1e-3)")
-    o.add_argument("--lr-schedule", dest="lr_schedule", choices=("plateau", "step", "constant"), default=None,
-                   help="plateau: /10 after --lr-decay-patience epochs without a better val accuracy; "
-                        "step: /10 every --lr-step epochs; constant (default plateau)")
-    o.add_argument("--lr-decay-patience", dest="lr_decay_patience", type=int, default=None,
-                   help="epochs without improvement before the /10 (default 2)")
-    o.add_argument("--lr-step", dest="lr_step", type=int, default=None,
-                   help="epochs per /10 step (default 15)")
-    o.add_argument("--early-stop", dest="early_stop", type=int, default=None,
-                   help="stop after this many epochs without a better val accuracy (default 4)")
-    o.add_argument("--epochs", type=int, default=None, help="maximum number of epochs (default 20)")
-    o.add_argument("--grad-clip", dest="grad_clip", type=float, default=None,
-                   help="clip the gradient norm; 0 disables (default 5.0)")
-    o.add_argument("--seed", type=int, default=None, help="seed of initialisation and shuffling (default 0)")
-    o.add_argument("--train-noise", dest="train_noise", type=float, default=None, metavar="P",
-                   help="replace this ratio of each training text's characters, as `train evaluate --noise` "
-                        "does, drawn afresh every epoch (seeded by --seed, the epoch and the text; exact on "
-                        "--resume); 0: none (default 0)")

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin
 
+from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from pipelines.schema import add_pipeline_arguments
@@ -154,8 +155,14 @@ def resolved_defaults(family: str) -> TrainSection:
 def show_resolved_defaults(parser: argparse.ArgumentParser, family: str) -> None:
     """Rewrite each setting's "(default ...)" in ``--help`` from :func:`resolved_defaults`, so the help
     and a run's ``config.json`` read one source (a family default shows as that family's value)."""
-    resolved = resolved_defaults(family)
-    notes = get_family(family).help_notes
+    show_defaults(parser, resolved_defaults(family), get_family(family).help_notes)
+
+
+def show_defaults(parser: argparse.ArgumentParser, resolved: BaseModel, notes: Mapping[str, str] | None = None
+                  ) -> None:
+    """Rewrite the "(default ...)" of each option that is a field of ``resolved`` with that field's value
+    (``notes``: option -> what its note adds), so ``--help`` and a run's ``config.json`` read one source."""
+    notes = notes or {}
     for action in parser._actions:
         key = action.dest
         if key not in type(resolved).model_fields or key in NOT_SETTINGS:

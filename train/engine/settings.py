@@ -135,70 +135,64 @@ class TrainSection(Section):
         return []
 
 
-#: ``train classify --encoder``: the registered text encoders a classifier can read texts with
-CLASSIFY_ENCODERS = ("chain", "oecc", "seam", "gru")
-
-
 class ClassifySection(Section):
-    """Options of ``train classify`` (CHAIN-VSE section 5): a registered text encoder + a softmax head.
+    """The settings of ``train classify`` (CHAIN-VSE section 5): a registered text encoder + a softmax head.
 
-    The encoder's options are those of its retrieval family (``version``/``p`` of chain, ``arch`` of
-    oecc, ``variant``/``hops``/``penalty``/``gru_units`` of seam; ``gru``: word embedding + GRU of
-    ``gru_units`` units, the UVS encoder); the loop is the retrieval trainer's, with the validation
-    accuracy in place of the rsum.
+    This class holds classification's own fields; the encoder's options (``version``/``p`` of chain,
+    ``arch`` of oecc, ``variant``/``hops``/``penalty``/``gru_units`` of seam, ``word_dim`` of vse's GRU) are
+    the fields of the encoder family's config, composed onto it by
+    :func:`train.models.classifier.classify_settings_class` (their type, bounds and help are the family's),
+    and ``encoder`` is narrowed to the registered classifier encoders there. Build settings with
+    :func:`train.models.classifier.classify_settings`. The loop is the retrieval trainer's, with the
+    validation accuracy in place of the rsum.
     """
 
     path_fields: ClassVar[tuple[str, ...]] = ("data", "out")
-    #: keys only some encoders accept
-    encoder_keys: ClassVar[dict[str, tuple[str, ...]]] = {
-        "version": ("chain",), "p": ("chain",), "arch": ("oecc",), "variant": ("seam",), "hops": ("seam",),
-        "penalty": ("seam",), "word_dim": ("gru",),
-    }
     #: what the shared trainer reads of a retrieval run's settings: every text once per epoch
     captions_per_epoch: ClassVar[str] = "all"
-    encoder: Literal["chain", "oecc", "seam", "gru"] = "chain"
-    data: str | None = None
-    out: str
-    version: Literal["v1", "v2"] = "v1"
-    p: float = Field(1.0, gt=0)
-    arch: Literal["A", "B", "C", "D"] = "D"
-    variant: Literal["E", "C", "G"] = "E"
-    hops: int | None = Field(None, ge=1)
-    penalty: float = Field(0.0, ge=0)
-    #: GRU units of seam G and of the gru encoder
-    gru_units: int = Field(512, ge=1)
-    #: word embedding size of the gru encoder
-    word_dim: int = Field(300, ge=1)
-    #: dropout before the softmax layer
-    dropout: float = Field(0.5, ge=0, lt=1)
-    #: character encoders read at most this many characters (Zhang et al.'s 1014)
-    max_chars: int = Field(1014, ge=1)
-    max_words: int = Field(200, ge=1)
-    min_word_count: int = Field(1, ge=1)
-    #: language of new texts given to a word encoder (predict, noise); the dataset's rows carry their own
-    lang: str = "en"
-    batch_size: int = Field(128, ge=1)
-    lr: float = Field(1e-3, gt=0)
-    lr_schedule: Literal["plateau", "step", "constant"] = "plateau"
-    lr_decay_patience: int = Field(2, ge=1)
-    lr_step: int = Field(15, ge=1)
-    early_stop: int = Field(4, ge=1)
-    epochs: int = Field(20, ge=1)
-    grad_clip: float | None = Field(5.0, ge=0)
-    #: ratio of each training text's characters replaced, fresh each epoch (``--noise``'s noise); 0: none
-    train_noise: float = Field(0.0, ge=0, lt=1)
-    checkpoint_every: int = Field(200, ge=1)
-    seed: int = 0
-    device: str = "auto"
-    amp: bool = False
-    workers: int = Field(0, ge=0)
+    encoder: str = Field("chain", description="the text encoder of a retrieval family")
+    data: str | None = Field(None, json_schema_extra={"metavar": "PREPARED"},
+                             description="folder written by `prep textcls`")
+    out: str = Field(json_schema_extra={"metavar": "RUN_DIR"},
+                     description="run directory (default runs/classify-<timestamp>)")
+    dropout: float = Field(0.5, ge=0, lt=1, description="dropout before the softmax layer")
+    max_chars: int = Field(1014, ge=1, le=MAX_TEXT_LENGTH, description="character encoders read at most "
+                           "this many characters (Zhang et al.'s 1014)")
+    max_words: int = Field(200, ge=1, le=MAX_TEXT_LENGTH,
+                           description="word encoders read at most this many words")
+    min_word_count: int = Field(1, ge=1,
+                                description="word encoders: train words seen fewer times map to <unk>")
+    lang: str = Field("en", description="language of new texts given to a word encoder (predict, noise); "
+                      "the dataset's rows carry their own")
+    batch_size: int = Field(128, ge=1, le=MAX_BATCH_SIZE, description="texts per batch")
+    lr: float = Field(1e-3, gt=0, description="Adam learning rate")
+    lr_schedule: Literal["plateau", "step", "constant"] = Field(
+        "plateau", description="plateau: /10 after --lr-decay-patience epochs without a better val accuracy; "
+        "step: /10 every --lr-step epochs; constant")
+    lr_decay_patience: int = Field(2, ge=1, description="epochs without improvement before the /10")
+    lr_step: int = Field(15, ge=1, description="epochs per /10 step of --lr-schedule step")
+    early_stop: int = Field(4, ge=1, description="stop after this many epochs without a better val accuracy")
+    epochs: int = Field(20, ge=1, description="maximum number of epochs")
+    grad_clip: float | None = Field(5.0, ge=0, description="clip the gradient norm; 0 disables")
+    train_noise: float = Field(
+        0.0, ge=0, lt=1, json_schema_extra={"metavar": "P"},
+        description="replace this ratio of each training text's characters, as `train evaluate --noise` "
+        "does, drawn afresh every epoch (seeded by --seed, the epoch and the text; exact on --resume); "
+        "0: none")
+    seed: int = Field(0, description="seed of initialisation and shuffling")
+    checkpoint_every: int = Field(200, ge=1,
+                                  description="also write checkpoints/last.pt every this many steps")
+    device: str = Field("auto", description=DEVICE_HELP)
+    amp: bool = Field(False, description="bf16 autocast on CUDA")
+    workers: int = Field(0, ge=0, description="batch-collating worker processes")
 
-    @model_validator(mode="after")
-    def _encoder_keys(self) -> ClassifySection:
-        for key, encoders in self.encoder_keys.items():
-            if key in self.model_fields_set and self.encoder not in encoders:
-                raise ValueError(f"'{key}' applies to encoder {'/'.join(encoders)}, not '{self.encoder}'")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _a_composed_class(cls, data: Any) -> Any:
+        if cls is ClassifySection:  # without its encoders' options it is no run's settings
+            raise TypeError("ClassifySection holds classification's own fields only: build settings with "
+                            "train.models.classifier.classify_settings(...)")
+        return data
 
 
 class EvaluateSection(Section):

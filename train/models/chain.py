@@ -56,7 +56,7 @@ from pydantic import Field
 from torch import nn
 
 from train.engine.settings import FamilyConfig
-from train.models.family import Family
+from train.models.family import ClassifierEncoder, Family
 from train.models.maxout import CharMaxoutConv, MaxoutConv1d, length_mask, max_over_time
 from train.models.registry import ModelSpec, TextEncoder, register_text_encoder
 
@@ -184,4 +184,4 @@ def chain_spec(settings: Any) -> ModelSpec:
 
 
 FAMILY = Family("chain", "CHAIN-VSE: character inception text encoder, order embeddings", ChainConfig,
-                chain_spec)
+                chain_spec, classifier=ClassifierEncoder("chain", ("version", "p")))

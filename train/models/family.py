@@ -37,6 +37,35 @@ def no_defaults(settings: Any, dataset_name: str | None) -> dict[str, Any]:
     return {}
 
 
+def no_spec_settings(settings: Any) -> dict[str, Any]:
+    """A classifier encoder whose family spec reads only its options."""
+    return {}
+
+
+@dataclass(frozen=True)
+class ClassifierEncoder:
+    """A family's text encoder as ``train classify --encoder NAME`` builds it alone, before a softmax
+    layer (CHAIN-VSE section 5). The classifier's settings are composed from these declarations
+    (:mod:`train.models.classifier`).
+
+    Attributes:
+        name: the ``--encoder`` value.
+        options: the settings the encoder reads: fields of this family's config, or of another classifier
+            encoder's family config (vse's GRU takes seam's ``gru_units``); their type, bounds and help are
+            that config's.
+        defaults: the classifier's defaults where they differ from the field's (a text-classification
+            setting, not retrieval's).
+        spec_settings: ``(classify settings) -> {key: value}``: the retrieval settings the family's
+            :attr:`Family.spec` reads that a classifier sets its own way (vse: the GRU's units ``d`` from
+            ``gru_units``, no ``|.|``).
+    """
+
+    name: str
+    options: tuple[str, ...]
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    spec_settings: Callable[[Any], dict[str, Any]] = no_spec_settings
+
+
 @dataclass(frozen=True)
 class Family:
     """One model family, declared beside its model.
@@ -57,6 +86,7 @@ class Family:
         common_options: common fields (of ``TrainSection``) offered in this family's own option group
             (seam and vse: ``max_words``, ``min_word_count``).
         help_notes: option -> what its "(default ...)" in ``--help`` adds (a preset that depends on data).
+        classifier: its text encoder as ``train classify`` builds it alone; ``None``: not offered.
     """
 
     name: str
@@ -68,6 +98,7 @@ class Family:
     data_defaults: Callable[[Any, Any], dict[str, Any]] | None = None
     common_options: tuple[str, ...] = ()
     help_notes: Mapping[str, str] = field(default_factory=dict)
+    classifier: ClassifierEncoder | None = None
 
 
 #: name -> declaration, in registration order (the order of ``train --help``)

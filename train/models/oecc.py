@@ -29,7 +29,7 @@ from pydantic import Field
 from torch import nn
 
 from train.engine.settings import FamilyConfig
-from train.models.family import Family
+from train.models.family import ClassifierEncoder, Family
 from train.models.maxout import CharMaxoutConv, MaxoutConv1d, length_mask, max_over_time
 from train.models.registry import ModelSpec, TextEncoder, register_text_encoder
 
@@ -115,4 +115,4 @@ def oecc_spec(settings: Any) -> ModelSpec:
 
 
 FAMILY = Family("oecc", "OECC: order embeddings with character convolutions through time", OeccConfig,
-                oecc_spec)
+                oecc_spec, classifier=ClassifierEncoder("oecc", ("arch",)))

@@ -71,7 +71,7 @@ from pydantic import Field
 from torch import nn
 
 from train.engine.settings import FamilyConfig
-from train.models.family import Family
+from train.models.family import ClassifierEncoder, Family
 from train.models.maxout import length_mask
 from train.models.registry import ModelSpec, TextEncoder, register_text_encoder
 from train.models.vse import run_gru, word_embedding
@@ -332,4 +332,5 @@ def seam_spec(settings: Any) -> ModelSpec:
 
 FAMILY = Family("seam", "SEAM: self-attentive word-embedding text encoders (E, C, G), order embeddings",
                 SeamConfig, seam_spec, defaults=seam_defaults, common_options=("max_words", "min_word_count"),
-                help_notes={"hops": "; by --variant: E 30, C 5, G 30"})
+                help_notes={"hops": "; by --variant: E 30, C 5, G 30"},
+                classifier=ClassifierEncoder("seam", ("variant", "hops", "penalty", "gru_units")))

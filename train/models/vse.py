@@ -53,7 +53,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from train.engine.objectives import ContrastiveObjective, CurriculumObjective, Objective
 from train.engine.settings import FamilyConfig
-from train.models.family import Family
+from train.models.family import ClassifierEncoder, Family
 from train.models.registry import ModelSpec, TextEncoder, register_text_encoder
 
 #: Kiros' ``norm_weight``: uniform initialisation in [-0.1, 0.1] of word embeddings and input weights
@@ -224,8 +224,15 @@ def vse_objective(settings: Any) -> Objective:
     return ContrastiveObjective(settings.measure, settings.margin, settings.loss, settings.order_sqrt)
 
 
+def classifier_gru(settings: Any) -> dict[str, Any]:
+    """``train classify --encoder gru``: the UVS GRU alone, of ``gru_units`` units (its ``d``), no ``|.|``."""
+    return {"d": settings.gru_units, "absolute": False}
+
+
 FAMILY = Family(
     "vse", "VSE pipelines of the FNE paper: word embedding + GRU on FNE or one-layer features "
     "(SH, MH, SOE, MOE, PH, POE)", VseConfig, vse_spec, defaults=vse_defaults, objective=vse_objective,
     common_options=("max_words", "min_word_count"),
-    help_notes={key: _PRESET_NOTE for key in VSE_PRESETS["SH"]})
+    help_notes={key: _PRESET_NOTE for key in VSE_PRESETS["SH"]},
+    classifier=ClassifierEncoder("gru", ("word_dim", "gru_units"), defaults={"word_dim": 300},
+                                 spec_settings=classifier_gru))

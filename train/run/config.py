@@ -22,6 +22,7 @@ from torch.overrides import TorchFunctionMode
 from features.spec import FeatureSpec
 from prep.dataset import CHARS_FILE, DATASET_FILE, WORDS_FILE
 from train.engine.settings import ClassifySection, TrainSection, first_non_finite
+from train.models.classifier import classify_settings, encoder_keys
 from train.models.family import families_with_key, get_family, train_settings
 from train.models.joint import build_model
 from train.run.checkpoint import MAX_PARAMETERS
@@ -246,10 +247,8 @@ def _check_fingerprints(config: dict[str, Any], path: str | os.PathLike) -> None
 def classify_settings_from_config(values: dict[str, Any]) -> ClassifySection:
     """The :class:`train.engine.settings.ClassifySection` of a classification run's ``config.json`` settings
     (the options of encoders other than the run's are dropped, as written with their defaults)."""
-    encoder = values.get("encoder")
-    return ClassifySection.model_validate(
-        {k: v for k, v in values.items()
-         if k not in ClassifySection.encoder_keys or encoder in ClassifySection.encoder_keys[k]})
+    encoder, keys = values.get("encoder"), encoder_keys()
+    return classify_settings(**{k: v for k, v in values.items() if k not in keys or encoder in keys[k]})
 
 
 def _validate_classify_config(config: dict[str, Any], path: str | os.PathLike) -> dict[str, Any]:
