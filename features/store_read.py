@@ -22,8 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from features.chunk_read import read_whole
 from features.spec import SPEC_ARRAYS, FeatureSpec
 from features.store import FeatureStore
+from features.store_array import StoreArray
 from features.store_layout import MAX_ARRAY_METADATA_BYTES, rows_per_file
 from prep.dataset import DATASET_FILE, PreparedDataset
 from vsecore.errors import UserError
@@ -116,7 +118,7 @@ def _read_checked(store: FeatureStore, path: Path, name: str) -> tuple[np.ndarra
     # the store's generation catches a rewrite; the array's own identity catches its replacement by
     # --rethreshold's swap even without it (a second, independent check)
     identity = store.array_identity(name)
-    stored = np.asarray(store.array(name)[:])
+    stored = _read_whole(store.array(name))
     store.check_array_unchanged(name, identity)
     bad = first_nonfinite_row(stored, valid)  # int8 ternary rows are always finite
     if bad is not None:
@@ -124,6 +126,19 @@ def _read_checked(store: FeatureStore, path: Path, name: str) -> tuple[np.ndarra
                         f"(NaN or inf); run `features verify {path} --repair`, then the store's "
                         "`features` command to recompute it")
     return stored, valid
+
+
+def _read_whole(array: StoreArray) -> np.ndarray:
+    """Every row of ``array`` in its stored dtype: straight from the chunk files where the layout is the
+    writer's (:func:`features.chunk_read.read_whole`), else through Zarr; a damaged chunk is named."""
+    try:
+        whole = read_whole(array)
+    except Exception as exc:  # noqa: BLE001 - zstd, the frame check, the file: name the damaged chunk
+        error = array._damage(slice(None), exc)
+        if error is not exc:
+            raise error from None
+        whole = None  # no chunk is damaged by Zarr's reading: read it Zarr's way
+    return whole if whole is not None else np.asarray(array[:])
 
 
 #: imgid chunks the reader checks (evenly spaced, the first and the last included; verify reads all)

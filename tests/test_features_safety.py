@@ -257,21 +257,21 @@ def test_a_ternary_swapped_under_a_reader_is_told_by_the_array_itself(tmp_path, 
     """The array's own identity is a second check, independent of the store's generation: with the
     generation check disabled, a --rethreshold swap between opening the array and reading it is still
     a one-line error, never the rows of another version."""
+    from features import store_read
     from features.run import rethreshold_store
-    from features.store_array import StoreArray
 
     path = synthetic_fne_store(tmp_path / "f.zarr")
     monkeypatch.setattr(FeatureStore, "check_unchanged", lambda self, before: None)
-    real_getitem = StoreArray.__getitem__
+    real_read = store_read._read_whole  # the whole array's read (its chunk files, else Zarr)
     swapped = []
 
-    def swap_first(self, key):
-        if self.name == "fne/ternary" and not swapped:
+    def swap_first(array):
+        if array.name == "fne/ternary" and not swapped:
             swapped.append(True)
             rethreshold_store(path, -1.0, 1.0)
-        return real_getitem(self, key)
+        return real_read(array)
 
-    monkeypatch.setattr(StoreArray, "__getitem__", swap_first)
+    monkeypatch.setattr(store_read, "_read_whole", swap_first)
     with pytest.raises(UserError, match="array 'fne/ternary' was rewritten while it was being read"):
         read_matrix(f"{path}:fne", keep_dtype=True)
     assert swapped
