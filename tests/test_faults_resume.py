@@ -136,6 +136,20 @@ def _stop_everywhere_then_resume(argv: list[str], tmp_path: Path, capsys, monkey
                         (run.name, "straight"))
 
 
+def test_a_classification_stopped_in_its_final_evaluation_says_what_it_kept(classify_inputs, tmp_path, capsys,
+                                                                            monkeypatch) -> None:
+    """Ctrl-C after training, while the best checkpoint is scored on the test split: the one line names the
+    epochs kept, as a stop during training does (it said only "interrupted")."""
+    from train.classification import fit
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fit, "evaluate_test", interrupted)
+    assert train_main([*classify_inputs, "--epochs", "2", "-q", "--out", str(tmp_path / "run")]) == 130
+    assert capsys.readouterr().err.strip() == "train: interrupted (epoch 2 kept: re-run with --resume)"
+
+
 def test_chain_stopped_at_every_checkpoint_write_resumes_to_the_same_files(chain_inputs, tmp_path, capsys,
                                                                             monkeypatch) -> None:
     _stop_everywhere_then_resume(chain_inputs, tmp_path, capsys, monkeypatch)

@@ -51,7 +51,7 @@ from train.run.config import (
 from train.run.layout import RunDir
 from vsecore import console
 from vsecore.device import resolve_device
-from vsecore.errors import UserError
+from vsecore.errors import UserError, resume_hint
 from vsecore.io import exclusive_lock, sha256_file
 from vsecore.version import code_version
 
@@ -149,7 +149,9 @@ def run_classification(settings: ClassifySection, resume: bool = False, overwrit
     resolve_device(settings.device)
     with exclusive_lock(run_dir, "the run directory"):
         prepare_run_dir(run_dir, resume=resume, overwrite=overwrite)
-        with console.log_file(RunDir(run_dir).log):
+        run = RunDir(run_dir)
+        # a stop anywhere (data load, training, the final test evaluation) says what the run kept
+        with console.log_file(run.log), resume_hint(run.kept):
             _train(settings, run_dir, resume, log)
     return run_dir
 
