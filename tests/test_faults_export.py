@@ -31,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 ROOT = Path(__file__).resolve().parents[1]
 #: runs ``train ARGV`` after patching ``os.replace`` or the safetensors writer of export-model to SIGKILL
-#: the process at the named moment (argv[1]: ``after-weights`` or ``between-renames``)
+#: the process at the named moment (argv[1]: ``after-weights``, ``after-swap`` or ``between-renames``)
 KILLER = """
 import os, signal, sys
 from train.retrieval import model_folder
@@ -42,7 +42,17 @@ if moment == "after-weights":
         real_save(tensors, path, metadata=metadata)
         os.kill(os.getpid(), signal.SIGKILL)
     model_folder.save_file = save_file
-else:
+elif moment == "after-swap":
+    from vsecore import io as vio
+    real_exchange = vio.exchange
+    def exchange(a, b):
+        done = real_exchange(a, b)
+        os.kill(os.getpid(), signal.SIGKILL)
+        return done
+    vio.exchange = exchange
+else:  # between-renames, on a file system that cannot swap two folders in one step
+    from vsecore import io as vio
+    vio.exchange = lambda a, b: False
     real_replace = os.replace
     def replace(src, dst):
         real_replace(src, dst)
@@ -72,6 +82,11 @@ def test_an_export_removes_what_killed_exports_left(tiny_chain_run, tmp_path, ca
     assert not out.exists() and len(leftovers(tmp_path)) == 1  # .model.XXXXXXXX.partial
     assert train_main(export) == 0
     assert leftovers(tmp_path) == [] and (out / "model.json").is_file()
+    killed_export("after-swap", [*export, "--overwrite"])  # swapped in one step: the old model left behind
+    assert (out / "model.json").is_file() and len(leftovers(tmp_path)) == 1  # .model.XXXXXXXX.partial
+    capsys.readouterr()
+    assert train_main([*export, "--overwrite"]) == 0
+    assert leftovers(tmp_path) == [] and ".partial (left by a killed export)" in capsys.readouterr().err
     killed_export("between-renames", [*export, "--overwrite"])  # the old folder moved aside, not the new in
     kinds = [name.rsplit("-", 1)[0] if ".old-" in name else name.rsplit(".", 1)[1]
              for name in leftovers(tmp_path)]

@@ -3,6 +3,7 @@
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +82,37 @@ def test_planted_symlink_or_directory_at_the_lock_path_is_refused(tmp_path, monk
     with pytest.raises(UserError, match="cannot create the lock file .*Read-only file system"):
         with exclusive_lock(target):
             pass
+
+
+@pytest.mark.parametrize("swap", [True, False])
+def test_a_replaced_directory_is_never_missing(tmp_path, monkeypatch, swap):
+    """An existing folder is swapped with the new one in one step (renameat2 RENAME_EXCHANGE), never
+    renamed aside first; where the system cannot swap, the two renames still replace it. Either way nothing
+    is left beside it."""
+    import os
+
+    from vsecore import io as vio
+
+    final = tmp_path / "d"
+    with atomic_directory(final) as d:
+        (d / "old").write_text("1")
+    real_replace = os.replace
+
+    def replace(src, dst):
+        assert not (swap and Path(dst) == final.with_name(f".d.old-{os.getpid()}")), "renamed aside"
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    if not swap:
+        monkeypatch.setattr(vio, "exchange", lambda a, b: False)
+    else:
+        (tmp_path / "x").mkdir()
+        (tmp_path / "y").mkdir()
+        if not vio.exchange(tmp_path / "x", tmp_path / "y"):
+            pytest.skip("this file system cannot swap two paths (renameat2 RENAME_EXCHANGE)")
+        (tmp_path / "x").rmdir()
+        (tmp_path / "y").rmdir()
+    with atomic_directory(final) as d:
+        (d / "new").write_text("2")
+    assert sorted(p.name for p in final.iterdir()) == ["new"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]

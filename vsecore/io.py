@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -158,7 +159,9 @@ def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterat
     """Yield a temporary sibling directory; on success it replaces ``final`` in one rename.
 
     On any exception the temporary directory is removed and ``final`` is left as it was. The
-    directory gets the permissions of one made by ``mkdir`` (0777 less the umask), not 0700.
+    directory gets the permissions of one made by ``mkdir`` (0777 less the umask), not 0700. An existing
+    ``final`` is swapped with the new folder in one step where the system can (:func:`exchange`), so a
+    reader never finds it missing; elsewhere it is renamed aside first (``.<name>.old-PID``).
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -169,6 +172,9 @@ def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterat
         if final.exists():
             if not overwrite:
                 raise FileExistsError(final)
+            if exchange(tmp, final):  # one step: ``final`` names the old or the new folder, never nothing
+                shutil.rmtree(tmp, ignore_errors=True)  # now the old folder
+                return
             old = final.with_name(f".{final.name}.old-{os.getpid()}")
             os.replace(final, old)
             os.replace(tmp, final)
@@ -178,6 +184,31 @@ def atomic_directory(final: str | os.PathLike, overwrite: bool = True) -> Iterat
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+#: ``renameat2``'s flag that swaps two paths (Linux 3.15+, glibc 2.28+)
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def exchange(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Swap the paths ``a`` and ``b`` in one atomic step (Linux ``renameat2`` with ``RENAME_EXCHANGE``):
+    True when done; False where the system or the file system cannot (then nothing changed). Any other
+    failure raises ``OSError``."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # not supported here: the caller renames twice
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
 
 
 def stale_siblings(final: str | os.PathLike) -> list[Path]:
