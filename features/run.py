@@ -141,7 +141,7 @@ def _extract_locked(settings: FeaturesSection, dataset: PreparedDataset, out: Pa
             summary = extract(store, paths, factory, executor, settings.on_error, progress,
                               resize=_mapper_resize(settings, mapper))
         if settings.kind == "fne":
-            train = np.array([im.split == "train" for im in dataset.images], dtype=bool)
+            train = dataset.split_mask("train")
             finish_fne(store, train, settings.threshold_low, settings.threshold_high)
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: say what is kept
         exc.args = (f"interrupted: {blocks_kept(store)}, re-run the same command to resume",)

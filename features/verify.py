@@ -319,7 +319,7 @@ def _check_statistics_sample(store: FeatureStore, dataset: PreparedDataset, reci
     train rows of ``fne/raw`` (``dataset`` gives the splits) and report a difference."""
     from features.fne import fne_statistics
 
-    train = np.array([im.split == "train" for im in dataset.images], dtype=bool)
+    train = dataset.split_mask("train")
     rows = train & np.asarray(store.array("valid")[:], dtype=bool)
     width = min(SAMPLE_COLUMNS, recipe.mean.shape[0])
     if not rows.any() or len(rows) != store.n_rows:

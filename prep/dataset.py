@@ -209,6 +209,11 @@ class PreparedDataset:
         with gc_paused():  # a hundred thousand objects: the collector would walk them again and again
             return [self._image(i) for i in np.flatnonzero(self.rows.image_mask(split)).tolist()]
 
+    def split_mask(self, split: str) -> np.ndarray:
+        """``(N,)`` bool, True at the images of ``split`` (``imgid`` order), making no image entries."""
+        _check_split(split)
+        return np.asarray(self.rows.image_mask(split), dtype=bool)
+
     def image_rows(self, split: str | None = None) -> list[int]:
         """The ``imgid`` (feature-array row) of every image of ``split``, ascending."""
         _check_split(split)

@@ -96,6 +96,8 @@ def assert_same_as_reference(root: Path) -> None:
     for split in (None, *SPLITS):
         in_split = [im for im in ref["images"] if split is None or im.split == split]
         assert ds.images_of(split) == in_split and ds.image_rows(split) == [im.imgid for im in in_split]
+        if split is not None:
+            assert ds.split_mask(split).tolist() == [im.split == split for im in ref["images"]]
         for lang in (None, *ds.languages, ds.languages):
             assert_same_sentences(ds, ref, split, lang)
     rows = [[f"{im.filepath}/{im.filename}" if im.filepath else im.filename, im.split]
