@@ -485,6 +485,25 @@ def test_full_disk_mid_run_says_what_is_kept(data, tmp_path, monkeypatch, capsys
     assert "wrote 4 rows, skipped 4 already done" in capsys.readouterr().out
 
 
+def test_only_the_gather_of_cancelled_blocks_is_silenced() -> None:
+    """The scheduler's "Couldn't gather keys" of blocks an interrupted run cancelled (every key forgotten)
+    is dropped, which once made the line below two lines under load; any other gather failure is shown."""
+    import logging
+
+    from features.executors import _CancelledGatherFilter
+
+    def record(states: object) -> logging.LogRecord:
+        return logging.LogRecord("distributed.scheduler", logging.ERROR, __file__, 1,
+                                 "Couldn't gather keys: %s", (states,), None)
+
+    keep = _CancelledGatherFilter().filter
+    assert not keep(record({"features-block-0-45d20396": "forgotten"}))
+    assert keep(record({"features-block-0-45d20396": "memory", "features-block-1-45d20396": "forgotten"}))
+    assert keep(record({"features-block-2-45d20396": "erred"})) and keep(record({}))
+    assert keep(logging.LogRecord("distributed.scheduler", logging.ERROR, __file__, 1, "other %s",
+                                  ({"k": "forgotten"},), None))
+
+
 def test_ctrl_c_of_a_local_dask_run_is_one_line(data, tmp_path):
     """Ctrl-C reaches the whole process group (driver, nannies, workers): one line, no worker traceback,
     no distributed warnings, and the workers are stopped without their 4 s grace period."""
