@@ -24,13 +24,12 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from numcodecs import Zstd
 from zarr.codecs import BytesCodec, ZstdCodec
 from zarr.codecs.bytes import Endian
 from zarr.core.chunk_grids import RegularChunkGrid
 
 from features.store_array import StoreArray
-from features.zstd_bounds import check_frame, frame_size
+from features.zstd_bounds import decode_into
 
 #: chunks decompressed at once (threads); more do not help a 2-core machine, and 4 keep a larger one busy
 READ_THREADS = 4
@@ -88,13 +87,11 @@ def read_whole(array: StoreArray, threads: int = READ_THREADS) -> np.ndarray | N
         except FileNotFoundError:
             dest[...] = fill  # an absent chunk is the fill value, as Zarr reads it
             return
-        check_frame(frame_size(data), chunk_nbytes)
-        codec = Zstd()
         if whole_rows and dest.shape == chunks:  # a full chunk: straight into the result
-            codec.decode(data, out=dest.reshape(-1).view(np.uint8))
+            decode_into(data, dest)
             return
         buffer = np.empty(chunks, dtype=dtype)
-        codec.decode(data, out=buffer.reshape(-1).view(np.uint8))
+        decode_into(data, buffer)
         dest[...] = buffer[tuple(slice(0, s) for s in dest.shape)]
 
     all_chunks = list(itertools.product(*grid))

@@ -19,6 +19,7 @@ import math
 
 import numpy as np
 import zarr
+from numcodecs import Zstd
 from zarr.codecs import ZstdCodec
 from zarr.core.array_spec import ArraySpec
 from zarr.core.buffer import Buffer
@@ -28,6 +29,8 @@ from zarr.registry import register_codec
 MAX_VARIABLE_CHUNK_BYTES = 16 << 20
 
 _MAGIC = b"\x28\xb5\x2f\xfd"
+#: the decompressor of the direct readers (stateless: one serves every thread)
+_ZSTD = Zstd()
 
 
 def frame_size(data: bytes | memoryview | np.ndarray) -> int | None:
@@ -66,6 +69,15 @@ def check_frame(declared: int | None, expected: int | None) -> int:
         raise ValueError(f"the zstd frame declares {declared} bytes, over the {MAX_VARIABLE_CHUNK_BYTES} "
                          "a variable-length chunk may hold")
     return declared
+
+
+def decode_into(data: bytes | memoryview | np.ndarray, out: np.ndarray) -> None:
+    """Decompress the zstd frame ``data`` into ``out`` (a contiguous fixed-size array, filled whole): the
+    frame must declare exactly ``out``'s bytes (:func:`check_frame`), and libzstd never writes past it. A
+    ValueError (or zstd's RuntimeError) for a damaged chunk."""
+    target = out.reshape(-1).view(np.uint8)
+    check_frame(frame_size(data), target.size)
+    _ZSTD.decode(data, out=target)
 
 
 class BoundedZstdCodec(ZstdCodec):
