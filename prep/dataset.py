@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from prep.dataset_cache import cached_rows, rows_cache_file, write_rows_cache
 from prep.dataset_rows import DatasetRows, RowView, field_of, gc_paused, read_rows
 from prep.dataset_rows import item as column_item
 from vsecore.errors import UserError
@@ -123,25 +124,41 @@ class Vocabulary:
 
 def _read_json(path: Path, digest: list[str] | None = None) -> Any:
     """The JSON file ``path`` (a :class:`UserError` when it is missing or not JSON); with ``digest``, the
-    SHA-256 of the bytes parsed is appended to it. Read as text is read (UTF-8, universal newlines), and
-    parsed with the cyclic garbage collector paused (:func:`prep.dataset_rows.gc_paused`)."""
+    SHA-256 of the bytes parsed is appended to it."""
+    raw = _read_bytes(path)
+    if digest is not None:
+        digest.append(hashlib.sha256(raw).hexdigest())
+    return _parse_json(_text_of(raw, path), path)
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The bytes of ``path`` (a :class:`UserError` when it is missing)."""
     try:
         with open(path, "rb") as fh:
-            raw = fh.read()
-        if digest is not None:
-            digest.append(hashlib.sha256(raw).hexdigest())
-        text = io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8").read()
-        del raw
-        with gc_paused():
-            return json.loads(text)
+            return fh.read()
     except FileNotFoundError:
         raise UserError(f"{path}: not found (is this a prepared dataset folder? run `prep` first)") from None
+
+
+def _text_of(raw: bytes, path: Path) -> str:
+    """The bytes ``raw`` of ``path`` read as text is read (UTF-8, universal newlines; a :class:`UserError`
+    naming ``path`` when they are not UTF-8)."""
+    try:
+        return io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8").read()
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def _parse_json(text: str, path: Path) -> Any:
+    """The JSON ``text`` of ``path`` (named in a :class:`UserError` when it is not JSON), parsed with the
+    cyclic garbage collector paused (:func:`prep.dataset_rows.gc_paused`)."""
+    try:
+        with gc_paused():
+            return json.loads(text)
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}: line {exc.lineno}, column {exc.colno}: invalid JSON: {exc.msg}") from None
     except RecursionError:
         raise UserError(f"{path}: JSON nested too deeply to read; not a file written by prep") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 @dataclass
@@ -173,23 +190,26 @@ class PreparedDataset:
         if root.is_file():
             root = root.parent
         file = root / DATASET_FILE
-        digest: list[str] = []
-        # the collector stays off until the parsed file is freed: one collection with it alive walks
-        # every one of its millions of objects
-        with gc_paused():
-            data = _read_json(file, digest)
-            if isinstance(data, dict) and data.get("task") == "textcls":
-                raise UserError(f"{root}: a text classification dataset (prep textcls): it has no images; "
-                                "use `train classify --data` with it")
-            images_root = Path(field_of(data, "images_root", file, "top level"))
-            rows = read_rows(data, file, images_root)
-            pairs = [_load_pair(p, file, k) for k, p in enumerate(data.get("pairs", []))]
-            name, languages = data.get("dataset", root.name), list(data.get("languages", ["en"]))
-            del data
+        raw = _read_bytes(file)
+        sha256 = hashlib.sha256(raw).hexdigest()
+        cache = rows_cache_file(root, len(raw))
+        found = cached_rows(cache, sha256)
+        if found is not None:
+            rows, meta = found
+        else:
+            text = [_text_of(raw, file)]  # held by the list only, so the parse frees it
+            del raw
+            rows, meta = _parse_rows(text, file, root)
+            if cache is not None:
+                write_rows_cache(cache, sha256, rows, meta)
+        pairs = [_load_pair(p, file, k) for k, p in enumerate(meta["pairs"])]
+        name = meta["dataset"][0] if meta["dataset"] else root.name  # the folder's name when none is given
+        languages = list(meta["languages"])
+        images_root = Path(meta["images_root"])
         return cls(root=root, name=name, languages=languages, pairs=pairs,
                    chars=load_vocabulary(root / CHARS_FILE), words=load_vocabulary(root / WORDS_FILE),
                    record=_read_json(root / RECORD_FILE) if (root / RECORD_FILE).exists() else {},
-                   rows=rows, images_root=images_root, dataset_sha256=digest[0])
+                   rows=rows, images_root=images_root, dataset_sha256=sha256)
 
     # -- images --------------------------------------------------------------------------------
     @property
@@ -291,6 +311,26 @@ class PreparedDataset:
         for p in self.pairs:
             out[p.split]["pairs"] += 1
         return out
+
+
+def _parse_rows(text: list[str], file: Path, root: Path) -> tuple[DatasetRows, dict[str, Any]]:
+    """The rows of the ``dataset.json`` text ``text.pop()`` (taken out of the list, so that it is freed once
+    parsed; read as columns, every field checked) and its other
+    top-level fields (``dataset``, ``languages``, ``images_root``, ``pairs``)."""
+    # the collector stays off until the parsed file is freed: one collection with it alive walks
+    # every one of its millions of objects
+    with gc_paused():
+        data = _parse_json(text.pop(), file)
+        if isinstance(data, dict) and data.get("task") == "textcls":
+            raise UserError(f"{root}: a text classification dataset (prep textcls): it has no images; "
+                            "use `train classify --data` with it")
+        images_root = field_of(data, "images_root", file, "top level")
+        rows = read_rows(data, file, Path(images_root))
+        meta = {"dataset": [data["dataset"]] if "dataset" in data else [],
+                "languages": data.get("languages", ["en"]), "images_root": images_root,
+                "pairs": data.get("pairs", [])}
+        del data
+    return rows, meta
 
 
 def is_prepared_dataset(path: str | os.PathLike) -> bool:

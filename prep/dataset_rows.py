@@ -70,6 +70,13 @@ class TextColumn:
         else:
             self.values, self.text, self.offsets = list(values), "", np.zeros(1, dtype=np.int64)
 
+    @classmethod
+    def of(cls, text: str, offsets: np.ndarray) -> TextColumn:
+        """The column of the strings ``text[offsets[k]:offsets[k + 1]]`` (``offsets``: (M + 1,) int64)."""
+        column = cls([])
+        column.text, column.offsets = text, offsets
+        return column
+
     def __getitem__(self, k: int) -> Any:
         if self.values is not None:
             return self.values[k]
@@ -104,6 +111,13 @@ class ValueColumn:
         except TypeError:  # an unhashable value (a list): no table
             self.values, self.codes = list(values), np.zeros(0, dtype=np.int32)
         self.table = [v for _, v in index]
+
+    @classmethod
+    def of(cls, codes: np.ndarray, table: list[Any]) -> ValueColumn:
+        """The column of the values ``table[codes[k]]`` (``codes``: (M,) int32)."""
+        column = cls([])
+        column.codes, column.table = codes, table
+        return column
 
     def __getitem__(self, k: int) -> Any:
         return self.values[k] if self.values is not None else self.table[self.codes[k]]
@@ -158,6 +172,13 @@ class TokenColumn:
         if self.text.values is not None:
             self.odd.update({k: tuple(t) for k, (t, j) in enumerate(zip(tokens, joined, strict=True))
                              if j is None})
+
+    @classmethod
+    def of(cls, text: TextColumn, odd: dict[int, tuple[Any, ...]]) -> TokenColumn:
+        """The column of the joined tokens ``text``, but for the sentences ``odd`` holds."""
+        column = cls([])
+        column.text, column.odd = text, odd
+        return column
 
     def __getitem__(self, k: int) -> tuple[Any, ...]:
         odd = self.odd.get(k)

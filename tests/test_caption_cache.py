@@ -14,8 +14,9 @@ import torch
 from helpers import make_prepared, make_store
 
 from prep.dataset import PreparedDataset
+from prep.dataset_cache import CACHE_ENV, cache_folder
 from train.engine import caption_cache
-from train.engine.caption_cache import CACHE_ENV, cache_file, cache_folder, split_captions
+from train.engine.caption_cache import cache_file, split_captions
 from train.engine.codecs import TextCodec, text_codec
 from train.engine.data import epoch_batches, load_caption_set, read_features
 

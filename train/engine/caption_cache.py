@@ -4,7 +4,8 @@ Encoding every caption of Karpathy COCO's train split (566,435 captions) is a Py
 at every start of a run, an evaluation or a query. :func:`split_captions` does it once per prepared dataset
 and text codec and keeps the result in one ``.npz`` file of plain arrays; later loads read the arrays back.
 
-Where: ``<dataset>.vse-captions/`` beside the prepared dataset folder ``<dataset>`` (inside it, ``prep
+Where: the dataset's cache folder (:func:`prep.dataset_cache.cache_folder`, shared with the cache of its
+rows): ``<dataset>.vse-captions/`` beside the prepared dataset folder ``<dataset>`` (inside it, ``prep
 --overwrite`` would see a file it did not write and refuse to replace the folder). ``VSE_CAPTION_CACHE``
 changes that: ``0`` (or ``off``) encodes in memory as before, with no file; a folder path keeps the caches
 there, one sub-folder per dataset. A dataset whose parent folder cannot be written is encoded in memory.
@@ -27,8 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,16 +35,12 @@ from pathlib import Path
 import numpy as np
 
 from prep.dataset import PreparedDataset
+from prep.dataset_cache import cache_folder, read_npz, write_npz
 from train.engine.codecs import TextCodec
 from vsecore import console
-from vsecore.io import atomic_file
 
 #: version of the file's content; a file of another version is re-encoded
 CACHE_VERSION = 1
-#: ``0``/``off``/``no``/``false``: no cache; a folder: where the caches go; unset: beside the dataset
-CACHE_ENV = "VSE_CAPTION_CACHE"
-CACHE_SUFFIX = ".vse-captions"
-_OFF = {"0", "off", "no", "false"}
 _INDEX_ARRAYS = ("image_rows", "per_image", "offsets", "text_offsets")
 
 
@@ -113,16 +108,6 @@ def codec_identity(codec: TextCodec) -> dict[str, object]:
             "vocab_size": codec.vocab_size, "vocab_sha256": hashlib.sha256(symbols.encode()).hexdigest()}
 
 
-def cache_folder(root: Path) -> Path | None:
-    """Where the caches of the prepared dataset ``root`` go (``VSE_CAPTION_CACHE``), or None: no cache."""
-    setting = os.environ.get(CACHE_ENV, "").strip()
-    if setting.lower() in _OFF:
-        return None
-    if not setting:
-        return root.parent / (root.name + CACHE_SUFFIX)
-    return Path(setting).expanduser() / f"{root.name}-{hashlib.sha256(str(root).encode()).hexdigest()[:12]}"
-
-
 def cache_file(folder: Path, split: str, langs: Sequence[str], codec: TextCodec) -> Path:
     """The file of ``split`` in ``langs`` encoded by ``codec`` inside the cache ``folder``."""
     ident = codec_identity(codec)
@@ -163,17 +148,14 @@ def write_cache(path: Path, key: dict[str, object], captions: SplitCaptions) -> 
               "image_rows": captions.image_rows, "per_image": captions.per_image, "codes": captions.codes,
               "offsets": captions.offsets, "text": np.frombuffer(text.encode("utf-8"), dtype=np.uint8),
               "text_offsets": text_offsets}
-    with atomic_file(path) as fh:
-        np.savez(fh, **arrays)
+    write_npz(path, arrays)
 
 
 def read_cache(path: Path, key: dict[str, object], codec: TextCodec, n_images: int) -> SplitCaptions | str:
     """The captions in ``path`` if it holds ``key``'s and every array checks out, else why not (a phrase)."""
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {name: npz[name] for name in npz.files}
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
-        return f"unreadable ({type(exc).__name__}: {exc})"
+    arrays = read_npz(path)
+    if isinstance(arrays, str):
+        return arrays
     try:
         meta = json.loads(arrays.pop("meta").tobytes().decode("utf-8"))
     except (KeyError, ValueError) as exc:
