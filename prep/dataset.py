@@ -314,9 +314,9 @@ class PreparedDataset:
 
 
 def _parse_rows(text: list[str], file: Path, root: Path) -> tuple[DatasetRows, dict[str, Any]]:
-    """The rows of the ``dataset.json`` text ``text.pop()`` (taken out of the list, so that it is freed once
-    parsed; read as columns, every field checked) and its other
-    top-level fields (``dataset``, ``languages``, ``images_root``, ``pairs``)."""
+    """The rows of the ``dataset.json`` text ``text.pop()`` (read as columns, every field checked) and its
+    other top-level fields (``dataset`` as a list of none or one, ``languages``, ``images_root``, ``pairs``).
+    The text is taken out of the list so that nothing holds it once it is parsed."""
     # the collector stays off until the parsed file is freed: one collection with it alive walks
     # every one of its millions of objects
     with gc_paused():
