@@ -120,7 +120,8 @@ def write_rows_cache(path: Path, sha256: str, rows: DatasetRows, meta: dict[str,
                              ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError):
         return False
-    if json.loads(encoded)["originals"] != originals or json.loads(encoded)["meta"] != meta:
+    back = json.loads(encoded)
+    if back["originals"] != originals or back["meta"] != meta:
         return False
     arrays["record"] = np.frombuffer(encoded.encode("utf-8", "surrogatepass"), dtype=np.uint8)
     arrays["starts"] = rows.starts
