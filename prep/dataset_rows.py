@@ -10,7 +10,7 @@ languages as codes into a table of their few values (:class:`ValueColumn`), ids 
 small from the parse survives it, so the parse's memory goes back whole. :class:`RowView` makes the
 :class:`~prep.dataset.ImageEntry` and :class:`~prep.dataset.Sentence` objects only when a caller reads
 them. Every field is checked as the reader of one object per sentence checked it, in the same order, with
-the same errors (``tests/test_dataset_load.py`` keeps that reader as the reference).
+the same errors (``tests/dataset_reference.py`` keeps that reader as the reference).
 """
 
 from __future__ import annotations

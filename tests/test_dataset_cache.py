@@ -1,5 +1,5 @@
 """The rows cache of a prepared dataset (prep.dataset_cache): a load from it reads what the parse of
-dataset.json reads (checked against the reference reader of tests/test_dataset_load.py), is used only for
+dataset.json reads (checked against the reference reader of tests/dataset_reference.py), is used only for
 the bytes it was made from, and a damaged, foreign or unwritable one costs a parse, never a wrong row."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from dataset_reference import HOSTILE, assert_same_as_reference, edit, rich
 from helpers import make_prepared
-from test_dataset_load import HOSTILE, assert_same_as_reference, edit, rich
 
 import prep.dataset as dataset_module
 from prep import dataset_cache
