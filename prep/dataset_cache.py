@@ -83,6 +83,23 @@ def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
         np.savez(fh, **arrays)
 
 
+def text_arrays(column: TextColumn) -> tuple[np.ndarray, np.ndarray]:
+    """A column of strings as ``(UTF-8 bytes (S,) uint8, character offsets (M + 1,) int64)`` (lone
+    surrogates kept, as JSON can give them)."""
+    return np.frombuffer(column.text.encode("utf-8", "surrogatepass"), dtype=np.uint8), column.offsets
+
+
+def text_column(data: np.ndarray, offsets: np.ndarray, n: int) -> TextColumn:
+    """The column of ``n`` strings :func:`text_arrays` wrote, checked: a ValueError naming what is wrong
+    (dtypes or lengths, text that is not UTF-8, offsets that do not fit it)."""
+    if data.dtype != np.uint8 or data.ndim != 1 or offsets.dtype != np.int64 or offsets.shape != (n + 1,):
+        raise ValueError(f"text {data.dtype} {data.shape}, offsets {offsets.dtype} {offsets.shape}")
+    text = data.tobytes().decode("utf-8", "surrogatepass")
+    if offsets[0] != 0 or offsets[-1] != len(text) or (np.diff(offsets) < 0).any():
+        raise ValueError("offsets do not fit the text")
+    return TextColumn.of(text, offsets)
+
+
 def _plain(values: list[Any]) -> bool:
     return all(type(v) in _PLAIN for v in values)
 
@@ -98,8 +115,7 @@ def write_rows_cache(path: Path, sha256: str, rows: DatasetRows, meta: dict[str,
         text = column.text if isinstance(column, TokenColumn) else column
         if text.values is not None:
             return False
-        arrays[f"{name}.text"] = np.frombuffer(text.text.encode("utf-8", "surrogatepass"), dtype=np.uint8)
-        arrays[f"{name}.offsets"] = text.offsets
+        arrays[f"{name}.text"], arrays[f"{name}.offsets"] = text_arrays(text)
     if any(rows.tokens.odd.values()):
         return False  # only a sentence without tokens may be odd in a cached file
     arrays["tokens.empty"] = np.asarray(sorted(rows.tokens.odd), dtype=np.int64)
@@ -161,11 +177,10 @@ def _array(arrays: dict[str, np.ndarray], name: str, dtype: type, n: int | None 
 
 
 def _text(arrays: dict[str, np.ndarray], name: str, n: int) -> TextColumn:
-    text = _array(arrays, f"{name}.text", np.uint8).tobytes().decode("utf-8", "surrogatepass")
-    offsets = _array(arrays, f"{name}.offsets", np.int64, n + 1)
-    if offsets[0] != 0 or offsets[-1] != len(text) or (np.diff(offsets) < 0).any():
-        raise ValueError(f"{name}: offsets do not fit its text")
-    return TextColumn.of(text, offsets)
+    try:
+        return text_column(arrays[f"{name}.text"], arrays[f"{name}.offsets"], n)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
 
 
 def _values(arrays: dict[str, np.ndarray], name: str, table: Any, n: int) -> np.ndarray | ValueColumn:

@@ -35,7 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from prep.dataset import PreparedDataset
-from prep.dataset_cache import cache_folder, read_npz, write_npz
+from prep.dataset_cache import cache_folder, read_npz, text_arrays, text_column, write_npz
+from prep.dataset_rows import TextColumn
 from train.engine.codecs import TextCodec
 from vsecore import console
 
@@ -141,12 +142,10 @@ def split_captions(dataset: PreparedDataset, split: str, langs: Sequence[str], c
 
 def write_cache(path: Path, key: dict[str, object], captions: SplitCaptions) -> None:
     """Write ``captions`` and their ``key`` into ``path`` (a temporary sibling, then a rename)."""
-    text = "".join(captions.texts)
-    text_offsets = np.zeros(len(captions.texts) + 1, dtype=np.int64)
-    np.cumsum([len(t) for t in captions.texts], out=text_offsets[1:])
+    text, text_offsets = text_arrays(TextColumn(captions.texts))
     arrays = {"meta": np.frombuffer(json.dumps(key).encode(), dtype=np.uint8),
               "image_rows": captions.image_rows, "per_image": captions.per_image, "codes": captions.codes,
-              "offsets": captions.offsets, "text": np.frombuffer(text.encode("utf-8"), dtype=np.uint8),
+              "offsets": captions.offsets, "text": text,
               "text_offsets": text_offsets}
     write_npz(path, arrays)
 
@@ -167,13 +166,9 @@ def read_cache(path: Path, key: dict[str, object], codec: TextCodec, n_images: i
     if why:
         return why
     try:
-        text = arrays["text"].tobytes().decode("utf-8")
-    except UnicodeDecodeError:
-        return "its text is not UTF-8"
-    bounds = arrays["text_offsets"]
-    if bounds[-1] != len(text) or (np.diff(bounds) < 0).any():
-        return "its text offsets do not fit its text"
-    texts = [text[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)]
+        texts = list(text_column(arrays["text"], arrays["text_offsets"], len(arrays["offsets"]) - 1))
+    except ValueError as exc:  # not UTF-8 (UnicodeDecodeError), or offsets that do not fit it
+        return f"its text: {exc}"
     return SplitCaptions(arrays["image_rows"], arrays["per_image"], arrays["codes"], arrays["offsets"], texts)
 
 
