@@ -229,11 +229,12 @@ def settings_of(family: str, root: Path, scale: float, dataset: Any = None) -> A
 def phase_load(family: str, root: Path, scale: float, seconds: float, workers: int | None = None
                ) -> dict[str, Any]:
     """Data loading as ``train`` does it, then the epoch's batches with the model step stubbed out, read in
-    ``workers`` processes (None: the family's ``--workers``)."""
+    ``workers`` processes (None: the family's ``--workers``) and moved to the CPU as the step would."""
     import torch
 
     from prep.dataset import PreparedDataset
     from train.engine.data import batch_loader, epoch_batches
+    from train.engine.inference import batch_to
     from train.models.family import model_spec
     from train.retrieval.fit import _load_data
 
@@ -246,7 +247,9 @@ def phase_load(family: str, root: Path, scale: float, seconds: float, workers: i
     rss_loaded = peak_rss()
     batches = epoch_batches(train_set, s.batch_size, s.captions_per_epoch, torch.Generator().manual_seed(0))
     captions, t1, done = 0, time.perf_counter(), 0
+    device = torch.device("cpu")
     for batch in batch_loader(train_set, batches, workers=s.workers):
+        batch_to(batch, device)  # as the trainer's step does: the features become float32 (here, on the CPU)
         captions += int(batch.lengths.shape[0])
         done += 1
         if time.perf_counter() - t1 > seconds:

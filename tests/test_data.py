@@ -13,6 +13,7 @@ from helpers import make_prepared, make_store
 from prep.dataset import PreparedDataset
 from train.engine.codecs import encode_text, text_codec, word_vocabulary
 from train.engine.data import epoch_batches, feature_spec, load_caption_set, read_features
+from train.engine.inference import batch_to
 from vsecore.errors import UserError
 
 
@@ -132,9 +133,13 @@ def test_int8_features_stay_int8_and_are_converted_per_batch(tiny) -> None:
     assert cs.images.features.dtype == torch.int8
     assert cs.images.features.data_ptr() == val.images.features.data_ptr()  # one array for all splits
     batch = cs.batch([0, 1, 2])
-    assert batch.image_features.dtype == torch.float32
-    expected = torch.from_numpy(ternary[cs.imgids[cs.caption_image[[0, 1, 2]]]]).float()
+    # the batch ships the stored int8; batch_to makes it float32 on the device it moves it to
+    assert batch.image_features.dtype == torch.int8
+    expected = torch.from_numpy(ternary[cs.imgids[cs.caption_image[[0, 1, 2]]]])
     assert torch.equal(batch.image_features, expected)
+    moved = batch_to(batch, torch.device("cpu"))
+    assert moved.image_features.dtype == torch.float32 and torch.equal(moved.image_features, expected.float())
+    assert moved.text is batch.text and moved.image_index is batch.image_index
 
 
 def test_a_non_finite_valid_row_is_an_error_naming_the_row(tmp_path) -> None:

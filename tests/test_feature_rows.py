@@ -15,8 +15,17 @@ from features.rows import StoreRows, open_rows
 from features.store import FeatureStore
 from features.store_layout import rows_per_file
 from features.store_read import read_matrix
-from prep.dataset import PreparedDataset
-from train.engine.data import feature_memory_limit, load_caption_set, read_features
+from prep.dataset import PreparedDataset, Vocabulary
+from train.engine.codecs import TextCodec
+from train.engine.data import (
+    CaptionSet,
+    ImageRows,
+    batch_loader,
+    feature_memory_limit,
+    load_caption_set,
+    read_features,
+)
+from train.engine.inference import batch_to
 from train.run.config import features_fingerprint
 from vsecore.errors import UserError
 
@@ -76,7 +85,7 @@ def test_the_memory_limit_decides_by_size_and_batches_are_bit_identical(tmp_path
     order = torch.randperm(len(a), generator=torch.Generator().manual_seed(0)).numpy()
     for start in range(0, len(order), 7):
         one, two = a.batch(order[start:start + 7]), b.batch(order[start:start + 7])
-        assert all(torch.equal(p, q) for p, q in zip(one[:4], two[:4], strict=True))
+        assert all(torch.equal(p, q) and p.dtype == q.dtype for p, q in zip(one[:4], two[:4], strict=True))
     assert torch.equal(a.images[:], b.images[:])
 
 
@@ -104,3 +113,28 @@ def test_a_damaged_shard_is_named(tmp_path) -> None:
     rows, _ = open_rows(f"{path}:regions")
     with pytest.raises(UserError, match=r"'regions' is damaged at rows 16-31 \(chunk file regions/c/1/0/0"):
         rows.take(np.array([2, 20]))
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_region_batches_ship_float16_and_become_the_same_float32_on_the_device(tmp_path, workers) -> None:
+    """A batch carries the stored float16 (half the bytes to pin and copy); batch_to converts it, exactly:
+    the values are those of the float32 rows the split gives when indexed."""
+    n = 24
+    rows, _ = open_rows(f"{region_store(tmp_path / 'r.zarr', n, k=4, dim=8192)}:regions")
+    counts = torch.full((n,), 4, dtype=torch.int64)
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 6, 3 * n)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    codec = TextCodec("words", Vocabulary(["<pad>", "<unk>", "a", "b", "c"]), 50)
+    data = CaptionSet(split="train", lang="en", images=ImageRows(rows, np.arange(n)[::-1].copy(), counts),
+                      imgids=np.arange(n), codes=rng.integers(2, 5, int(lengths.sum())).astype(np.int16),
+                      offsets=offsets, caption_image=np.repeat(np.arange(n), 3), texts=[""] * (3 * n),
+                      skipped_images=0, codec=codec)
+    batches = [rng.permutation(3 * n)[:10] for _ in range(4)]
+    for idx, batch in zip(batches, batch_loader(data, batches, workers=workers), strict=True):
+        assert batch.image_features.dtype == torch.float16 and batch.image_features.shape == (10, 4, 8192)
+        moved = batch_to(batch, torch.device("cpu"))
+        expected = data.images[torch.from_numpy(data.caption_image[idx])]
+        assert moved.image_features.dtype == torch.float32 and expected.dtype == torch.float32
+        assert torch.equal(moved.image_features, expected)
+        assert torch.equal(moved.image_counts, batch.image_counts) and torch.equal(moved.text, batch.text)

@@ -33,12 +33,38 @@ def test_cpu_dry_mode_runs_every_stage(tmp_path) -> None:
     for kind in ("global", "fne"):
         for precision in ("float32", "amp"):
             assert result["extraction"][f"{kind}_{precision}"]["images_per_s"] > 0
+            # on the CPU the "device" is the CPU: its rows are the reference's, bit for bit
+            assert result["extraction"][f"{kind}_{precision}"]["rel_diff_vs_cpu"] == 0
+        assert result["extraction"][f"{kind}_cpu"]["images_per_s"] > 0
     for family in ("chain", "oecc", "seam", "vse", "clmr", "liwe"):
         steps = result[f"steps.{family}"]
         assert steps["float32"]["step_ms"] > 0 and steps["bf16"]["captions_per_s"] > 0
-    assert result["evaluation"]["order"]["second_s"] >= 0 and "cosine" in result["evaluation"]
-    assert result["loader"]["workers_2"]["captions_per_s"] > 0
+        assert steps["cpu"]["step_ms"] > 0 and steps["first_loss"]["cpu"] > 0
+        assert steps["float32"]["loss_rel_diff_vs_cpu"] == 0
+    for measure in ("order", "cosine"):
+        evaluation = result["evaluation"][measure]
+        assert evaluation["second_s"] >= 0 and result["evaluation"][f"{measure}_cpu"]["first_s"] >= 0
+        assert evaluation["ranks_differ_vs_cpu"] == 0 and evaluation["max_recall_diff_vs_cpu"] == 0
+        assert evaluation["max_rank_change_vs_cpu"] == 0 and len(evaluation["tied_queries_device_cpu"]) == 2
+        assert evaluation["rsum"]["all"] > 300  # captions near their images: ranks that mean something
+    loader = result["loader"]
+    for key in ("workers_0", "workers_1", "clmr_step_fed_workers_0", "clmr_step_fed_workers_1"):
+        assert loader[key]["captions_per_s"] > 0 and loader[key]["first_batch_s"] > 0
     assert "all stages passed" in done.stdout
+
+
+def test_stages_runs_only_those_named(tmp_path, monkeypatch) -> None:
+    check = load_script()
+    ran: list[str] = []
+    for name in ("extraction", "evaluation", "loader"):
+        monkeypatch.setattr(check, name, lambda c, record, n=name: ran.append(n))
+    monkeypatch.setattr(check, "family_steps", lambda c, family, record: ran.append(family))
+    out = tmp_path / "check.json"
+    argv = ["--device", "cpu", "--dry", "--stages", "steps", "loader", "--families", "vse",
+            "--json", str(out)]
+    assert check.main(argv) == 0
+    assert ran == ["vse", "loader"]
+    assert set(json.loads(out.read_text())) == {"machine", "sizes", "error", "steps.vse", "loader", "wall_s"}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
@@ -74,3 +100,34 @@ def test_the_first_error_ends_the_check_in_one_line_after_the_json(tmp_path, mon
     assert result["error"] == err[0].removeprefix("gpu_check: error: ")
     assert result["extraction"]["stub"] and result["steps.seam"]["float32"]["step_ms"] > 0
     assert "loader" not in result
+
+
+def test_keep_going_runs_every_stage_and_names_each_error(tmp_path, monkeypatch, capsys) -> None:
+    check = load_script()
+    monkeypatch.setattr(check, "extraction", lambda c, record: record.update(stub=True))
+
+    def fail(c, record) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore text")
+
+    monkeypatch.setattr(check, "evaluation", fail)
+    monkeypatch.setattr(check, "family_steps", lambda c, family, record: fail(c, record))
+    out = tmp_path / "check.json"
+    argv = ["--device", "cpu", "--dry", "--families", "seam", "vse", "--keep-going", "--json", str(out)]
+    assert check.main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    errors = [f"{stage}: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+              for stage in ("steps.seam", "steps.vse", "evaluation")]
+    assert err == [f"gpu_check: error: {e}" for e in errors] + [
+        f"gpu_check: 3 stage(s) failed; numbers in {out}"]
+    result = json.loads(out.read_text())
+    assert result["errors"] == errors and result["error"] == errors[0]
+    assert result["extraction"]["stub"] and result["loader"]["workers_1"]["captions_per_s"] > 0
+
+
+def test_relative_difference() -> None:
+    check = load_script()
+    assert check.relative_difference(torch.ones(4), torch.ones(4)) == 0
+    assert check.relative_difference(torch.tensor([3.0, 4.0]), torch.tensor([0.0, 4.0])) == 0.75
+    assert check.relative_difference(torch.zeros(2), torch.zeros(2)) == 0
+    assert check.relative_difference(torch.ones(2), torch.zeros(2)) == float("inf")
+    assert check.relative_difference(torch.tensor([float("nan")]), torch.ones(1)) == float("inf")

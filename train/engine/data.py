@@ -58,7 +58,10 @@ class PairBatch(NamedTuple):
 class Batch(NamedTuple):
     """One training or embedding batch; ``T`` is the longest caption of the batch."""
 
-    image_features: torch.Tensor  # (B, *feature_shape) float32
+    #: (B, *feature_shape) in the features' stored dtype (float32 CNN features, int8 FNE, float16 regions):
+    #: :func:`train.engine.inference.batch_to` converts it to float32 on the device it moves it to, so a
+    #: loader ships (and pins) the stored bytes, half or a quarter of float32's, and a GPU converts them
+    image_features: torch.Tensor
     text: torch.Tensor  # (B, T) or (B, T, C) int64, padded with 0 (see train.models.registry.TEXT_INPUTS)
     lengths: torch.Tensor  # (B,) int64, >= 1 (characters or words)
     image_index: torch.Tensor  # (B,) int64, row of the caption's image in the CaptionSet
@@ -88,8 +91,9 @@ class ImageRows:
     """The image features of a split: rows ``rows`` of one feature array shared by every split.
 
     The array keeps its stored dtype (float32 CNN features, int8 ternary FNE, float16 regions):
-    rows are gathered and converted to float32 per batch, so an int8 FNE is never expanded to a
-    dense float32 copy and the train and val splits share one array.
+    rows are gathered per batch (:meth:`gather`, in that dtype) and converted to float32 where they are used
+    (indexing converts on the spot; a training :class:`Batch` on its device), so an int8 FNE is never
+    expanded to a dense float32 copy and the train and val splits share one array.
 
     Args:
         features: (N_all, *feature_shape) tensor, any real dtype, in the prepared dataset's imgid order, or
@@ -120,12 +124,17 @@ class ImageRows:
 
     def __getitem__(self, index: int | slice | np.ndarray | torch.Tensor) -> torch.Tensor:
         """Rows ``index`` of the split as float32 ``(B, *feature_shape)`` (one row for an int index)."""
+        return self.gather(index).float()
+
+    def gather(self, index: int | slice | np.ndarray | torch.Tensor) -> torch.Tensor:
+        """Rows ``index`` of the split in the stored dtype: ``(B, *feature_shape)`` (one row for an int
+        index). Converting to float32 is exact from every stored dtype (float32, float16, int8)."""
         if isinstance(index, torch.Tensor):
             index = index.cpu().numpy()
         rows = np.atleast_1d(self.rows[index])
         gathered = (self.features[torch.from_numpy(rows)] if isinstance(self.features, torch.Tensor)
                     else torch.from_numpy(self.features.take(rows)))
-        return gathered.float().reshape(
+        return gathered.reshape(
             (-1, *self.feature_shape) if not isinstance(index, int | np.integer) else self.feature_shape)
 
     def numpy(self) -> np.ndarray:
@@ -176,7 +185,7 @@ class CaptionSet:
         tokens, lengths = self.codec.collate([self.caption_codes(int(k)) for k in idx])
         image_index = torch.from_numpy(self.caption_image[idx])
         counts = self.images.counts_of(image_index)
-        return Batch(self.images[image_index], tokens, lengths, image_index, counts)
+        return Batch(self.images.gather(image_index), tokens, lengths, image_index, counts)
 
 
 def feature_memory_limit() -> int:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from train.engine.codecs import TextCodec
-from train.engine.data import CaptionSet, ImageRows
+from train.engine.data import Batch, CaptionSet, ImageRows
 
 
 def autocast(device: torch.device, amp: bool) -> Any:
@@ -25,7 +25,9 @@ def autocast(device: torch.device, amp: bool) -> Any:
 
 def batch_to(batch: Any, device: torch.device) -> Any:
     """A batch (a NamedTuple of tensors and other values, and tuples of such NamedTuples: the pair
-    batches) with its tensors moved to ``device``."""
+    batches) with its tensors moved to ``device``; a :class:`train.engine.data.Batch`'s image features,
+    shipped in their stored dtype, become float32 there (after the copy: on a GPU the conversion is the
+    device's work, and the copy moves the stored bytes)."""
     def move(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
             return x.to(device, non_blocking=True)
@@ -35,7 +37,10 @@ def batch_to(batch: Any, device: torch.device) -> Any:
             return tuple(move(v) for v in x)
         return x
 
-    return type(batch)(*(move(x) for x in batch))
+    moved = type(batch)(*(move(x) for x in batch))
+    if isinstance(moved, Batch):
+        moved = moved._replace(image_features=moved.image_features.float())
+    return moved
 
 
 @torch.no_grad()
