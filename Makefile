@@ -58,7 +58,8 @@ TRAIN_EVAL_TESTS := tests/test_trainer.py tests/test_rundir.py tests/test_checkp
 
 # torch.compile's on-disk cache does not tell kernel sets apart: a kernel compiled for AVX-512, loaded by a
 # process under ATEN_CPU_CAPABILITY=avx2, computed wrong order-violation scores (tests/test_order_kernel.py,
-# one thread). So every kernel set, and the demo, compiles into a cache folder of its own.
+# one thread). The evaluator keys its own folder by kernel set (vsecore.inductor_cache); these folders
+# keep the test runs and the demo out of the user's cache as well.
 INDUCTOR_CACHE = $${TMPDIR:-/tmp}/torchinductor-$$(id -u)
 
 # the suite under every kernel set, each to the end; fails if any set fails. First a table of which float

@@ -10,7 +10,8 @@ decides once per evaluation, for all its tiles (:meth:`OrderKernel.choose`), so 
 same rounding and the compilation is paid only when the whole evaluation amortises it
 (``compile_min_work``) or was paid already. Without a working compiler, after an inductor error, or
 with ``VSE_NO_COMPILE=1``, the compiled path falls back to the blocked kernel with one
-``RuntimeWarning`` and never raises.
+``RuntimeWarning`` and never raises. It compiles into an inductor cache folder of the process's kernel set
+(:mod:`vsecore.inductor_cache`): a kernel another set compiled is never loaded.
 
 Evaluations given no kernel share :meth:`OrderKernel.shared` (one per process), so ``train evaluate``,
 its analyses and the trainer's validations compile at most once; tests and benchmarks make their own.
@@ -35,6 +36,7 @@ from train.engine.similarity import (
     squared_violation_expr,
 )
 from vsecore.errors import UserError
+from vsecore.inductor_cache import use_kernel_set_cache
 
 #: ``order_kernel`` values: ``auto`` (by the evaluation's work), or one kernel for every tile
 ORDER_KERNELS = ("auto", "eager", "blocked", "compiled")
@@ -170,6 +172,8 @@ class OrderKernel:
             return self._fall_back("order_violation: VSE_NO_COMPILE is set; using the blocked eager kernel",
                                    4)
         try:
+            # inductor's disk cache does not tell kernel sets apart: compile into this set's own folder
+            use_kernel_set_cache()
             # one kernel for every block shape (d <= 4096 and d > 4096 compile one each, since
             # inductor changes its accumulator for long reductions); fullgraph: fail here, not silently
             self._compiled = torch.compile(squared_violation_expr, dynamic=True, fullgraph=True)
