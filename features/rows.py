@@ -22,6 +22,7 @@ The object pickles (by path), so a ``DataLoader``'s worker processes reopen the 
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -94,25 +95,78 @@ class ShardRows:
         return self._index[shard]
 
     def read(self, unique: np.ndarray, out: np.ndarray) -> None:
-        """Rows ``unique`` (sorted, distinct) into ``out`` ``(len(unique), *row_shape)``."""
+        """Rows ``unique`` (sorted, distinct) into ``out`` ``(len(unique), *row_shape)``.
+
+        Each shard's index is read here; the rows' reads and decompressions run on :func:`read_threads`
+        threads (zstd and ``pread`` release the interpreter lock), each row into its own slot of ``out``, so
+        the bits do not depend on the threads. Every task has ended when this returns or raises (the first
+        error, after the others finished)."""
         shards = unique // self.rows_per_shard
-        for shard in np.unique(shards).tolist():
-            where = np.flatnonzero(shards == shard)
-            fd = os.open(self._file(shard), os.O_RDONLY)
-            try:
+        fds: list[int] = []
+        jobs: list[tuple[int, int, int, int]] = []  # (fd, row slot k, offset, nbytes)
+        try:
+            for shard in np.unique(shards).tolist():
+                fd = os.open(self._file(shard), os.O_RDONLY)
+                fds.append(fd)
                 index = self._shard_index(shard, fd)
-                for k in where.tolist():
+                for k in np.flatnonzero(shards == shard).tolist():
                     offset, nbytes = index[int(unique[k]) - shard * self.rows_per_shard]
-                    dest = out[k]
                     if offset == _EMPTY and nbytes == _EMPTY:
-                        dest[...] = self.fill
-                        continue
-                    data = os.pread(fd, int(nbytes), int(offset))
-                    if len(data) != nbytes:
-                        raise ValueError("an inner chunk is truncated")
-                    decode_into(data, dest)  # one row, declared, straight into the batch
-            finally:
+                        out[k] = self.fill
+                    else:
+                        jobs.append((fd, k, int(offset), int(nbytes)))
+            pool = _pool()
+            if pool is None or len(jobs) < 2:
+                self._read_rows(jobs, out)
+                return
+            parts = np.array_split(np.arange(len(jobs)), min(len(jobs), read_threads()))
+            futures = [pool.submit(self._read_rows, [jobs[i] for i in part.tolist()], out) for part in parts]
+            wait(futures)
+            for future in futures:
+                future.result()  # the first error, once every part has stopped writing into out
+        finally:
+            for fd in fds:
                 os.close(fd)
+
+    @staticmethod
+    def _read_rows(jobs: list[tuple[int, int, int, int]], out: np.ndarray) -> None:
+        """Read and decompress each ``(fd, slot, offset, nbytes)`` into ``out[slot]``."""
+        for fd, k, offset, nbytes in jobs:
+            data = os.pread(fd, nbytes, offset)
+            if len(data) != nbytes:
+                raise ValueError("an inner chunk is truncated")
+            decode_into(data, out[k])  # one row, declared, straight into the batch
+
+
+def read_threads() -> int:
+    """Threads that read and decompress a batch's rows: ``VSE_READ_THREADS``, else the CPUs this process
+    may use, at most 4 (1: in the calling thread)."""
+    value = os.environ.get("VSE_READ_THREADS")
+    if value is not None:
+        try:
+            threads = int(value)
+        except ValueError:
+            raise UserError(f"VSE_READ_THREADS={value!r}: expected a whole number of threads") from None
+        if threads < 1:
+            raise UserError(f"VSE_READ_THREADS={value!r}: expected at least 1")
+        return threads
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(4, cpus))
+
+
+#: this process's reading threads: (pid, threads, pool); a forked DataLoader worker makes its own
+_POOL: tuple[int, int, ThreadPoolExecutor] | None = None
+
+
+def _pool() -> ThreadPoolExecutor | None:
+    """The reading pool of this process (None for one thread)."""
+    global _POOL
+    threads = read_threads()
+    if threads == 1:
+        return None
+    if _POOL is None or _POOL[0] != os.getpid() or _POOL[1] != threads:
+        _POOL = (os.getpid(), threads, ThreadPoolExecutor(threads, thread_name_prefix="vse-rows"))
+    return _POOL[2]
 
 
 class StoreRows:

@@ -115,6 +115,36 @@ def test_a_damaged_shard_is_named(tmp_path) -> None:
         rows.take(np.array([2, 20]))
 
 
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_a_damaged_row_read_on_a_thread_is_named_after_every_thread_stopped(tmp_path, monkeypatch,
+                                                                            threads) -> None:
+    monkeypatch.setenv("VSE_READ_THREADS", threads)
+    path = region_store(tmp_path / "r.zarr", 40)
+    whole, _ = read_matrix(f"{path}:regions", keep_dtype=True)
+    shard = path / "regions" / "c" / "1" / "0" / "0"
+    data = bytearray(shard.read_bytes())
+    data[8:4000] = bytes(3992)  # the first rows' zstd frames; the index at the end is intact
+    shard.write_bytes(bytes(data))
+    rows, _ = open_rows(f"{path}:regions")
+    with pytest.raises(UserError, match=r"'regions' is damaged at rows .*\(chunk file regions/c/1/0/0"):
+        rows.take(np.arange(40))
+    assert np.array_equal(rows.take(np.array([0, 39])), whole[[0, 39]])  # the other shards still read
+
+
+def test_the_rows_are_the_same_bits_on_any_number_of_threads(tmp_path, monkeypatch) -> None:
+    path = region_store(tmp_path / "r.zarr", 70, invalid=(9,))
+    whole, _ = read_matrix(f"{path}:regions", keep_dtype=True)
+    pick = np.random.default_rng(4).integers(0, 70, 50)
+    for threads in ("1", "2", "7"):
+        monkeypatch.setenv("VSE_READ_THREADS", threads)
+        rows, _ = open_rows(f"{path}:regions")
+        assert np.array_equal(rows.take(pick), whole[pick], equal_nan=True)
+    for bad in ("0", "two"):
+        monkeypatch.setenv("VSE_READ_THREADS", bad)
+        with pytest.raises(UserError, match="VSE_READ_THREADS"):
+            rows.take(pick)
+
+
 @pytest.mark.parametrize("workers", [0, 1])
 def test_region_batches_ship_float16_and_become_the_same_float32_on_the_device(tmp_path, workers) -> None:
     """A batch carries the stored float16 (half the bytes to pin and copy); batch_to converts it, exactly:
