@@ -115,11 +115,12 @@ class ShardRows:
                         out[k] = self.fill
                     else:
                         jobs.append((fd, k, int(offset), int(nbytes)))
-            pool = _pool()
-            if pool is None or len(jobs) < 2:
+            threads = read_threads()
+            if threads == 1 or len(jobs) < 2:
                 self._read_rows(jobs, out)
                 return
-            parts = np.array_split(np.arange(len(jobs)), min(len(jobs), read_threads()))
+            pool = _pool(threads)
+            parts = np.array_split(np.arange(len(jobs)), min(len(jobs), threads))
             futures = [pool.submit(self._read_rows, [jobs[i] for i in part.tolist()], out) for part in parts]
             wait(futures)
             for future in futures:
@@ -158,12 +159,9 @@ def read_threads() -> int:
 _POOL: tuple[int, int, ThreadPoolExecutor] | None = None
 
 
-def _pool() -> ThreadPoolExecutor | None:
-    """The reading pool of this process (None for one thread)."""
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """This process's reading pool of ``threads`` threads."""
     global _POOL
-    threads = read_threads()
-    if threads == 1:
-        return None
     if _POOL is None or _POOL[0] != os.getpid() or _POOL[1] != threads:
         _POOL = (os.getpid(), threads, ThreadPoolExecutor(threads, thread_name_prefix="vse-rows"))
     return _POOL[2]

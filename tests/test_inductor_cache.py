@@ -13,16 +13,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from vsecore.inductor_cache import PREFIX, kernel_set_cache, kernel_set_key, use_kernel_set_cache
+from vsecore.inductor_cache import (
+    KERNEL_VARIABLES,
+    PREFIX,
+    kernel_set_cache,
+    kernel_set_key,
+    use_kernel_set_cache,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-KERNEL_VARS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR")
 
 
 def child(code: str, **env: str) -> str:
     """Run ``code`` in a fresh interpreter (torch reads the kernel-set variables when it loads) with the
     kernel-set variables unset except those of ``env``; its last line of output."""
-    environ = {k: v for k, v in os.environ.items() if k not in KERNEL_VARS and k != "TORCHINDUCTOR_CACHE_DIR"}
+    drop = (*KERNEL_VARIABLES, "TORCHINDUCTOR_CACHE_DIR")
+    environ = {k: v for k, v in os.environ.items() if k not in drop}
     environ.update(env, PYTHONPATH=str(ROOT))
     done = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True,
                           cwd=ROOT, timeout=600)

@@ -5,8 +5,8 @@ process that would have compiled another one:
 
 - under ``ATEN_CPU_CAPABILITY=default`` inductor emits scalar C++; a later process of the CPU's own kernels
   that shares the cache loaded it and ranked a 1,000 x 5,000 order-violation tile in 16 s instead of
-  0.24 s (AMD EPYC Zen 4, 2 threads, 2026-11-26), and took 282 s instead of about 20 s for bench_scale's
-  COCO-5k ranking;
+  0.24 s (AMD EPYC Zen 4, 2 threads, 2026-11-26), and took 282 s instead of 6.8 s for seam's COCO-5k
+  ranking in bench_scale;
 - a kernel compiled for AVX-512 with one thread, loaded under ``ATEN_CPU_CAPABILITY=avx2``, computed wrong
   scores (``docs/reproducibility.md``);
 - a cache shared by machines of different CPUs (a home folder on a cluster) can hold code for
@@ -28,6 +28,10 @@ from pathlib import Path
 
 #: the subfolders of an inductor cache that :func:`use_kernel_set_cache` makes start with this
 PREFIX = "vse-kernels-"
+#: the variables that make ATen, MKL and oneDNN run another CPU's kernels (a "kernel set",
+#: ``docs/reproducibility.md``; the Makefile's ``KERNEL_VARS``)
+KERNEL_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA",
+                    "DNNL_MAX_CPU_ISA")
 
 
 def cpu_flags() -> str:
@@ -55,13 +59,12 @@ def vector_isa() -> str:
 
 def kernel_set_key(environ: MutableMapping[str, str] = os.environ) -> str:
     """``<vector ISA>-t<threads>-<12 hex digits>``: the digest covers the ISA, the thread count, the CPU's
-    flags and the kernel-set variables (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``, ``MKL_CBWR``)."""
+    flags and the :data:`KERNEL_VARIABLES`."""
     import torch
 
     isa, threads = vector_isa(), torch.get_num_threads()
-    parts = [isa, str(threads), cpu_flags()]
-    parts += [f"{name}={environ.get(name, '')}" for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
-                                                              "MKL_CBWR")]
+    variables = [f"{name}={environ.get(name, '')}" for name in KERNEL_VARIABLES]
+    parts = [isa, str(threads), cpu_flags(), *variables]
     digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
     return f"{isa}-t{threads}-{digest}"
 
