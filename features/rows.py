@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor, wait
-from pathlib import Path
 from typing import Any
 
 import google_crc32c
@@ -41,6 +40,8 @@ from vsecore.errors import UserError
 
 #: an empty inner chunk's index entry (offset and size both 2**64 - 1): the row is the fill value
 _EMPTY = np.uint64(2**64 - 1)
+#: the one row of a row checked alone is valid
+_ONE = np.ones(1, dtype=bool)
 
 
 class ShardRows:
@@ -64,6 +65,7 @@ class ShardRows:
         self.dtype = np.dtype(array.zarr.dtype).newbyteorder("<")
         self.fill = array.zarr.fill_value
         self._index: dict[int, np.ndarray] = {}
+        self._paths: dict[int, str] = {}
 
     @staticmethod
     def matches(array: StoreArray) -> bool:
@@ -80,8 +82,11 @@ class ShardRows:
                 and len(index) == 2 and isinstance(index[0], BytesCodec) and isinstance(index[1], Crc32cCodec)
                 and index[0].endian in (Endian.little, None))
 
-    def _file(self, shard: int) -> Path:
-        return self.folder / str(self.array.chunk_key((shard, *[0] * len(self.row_shape))))
+    def _file(self, shard: int) -> str:
+        if shard not in self._paths:
+            key = self.array.chunk_key((shard, *[0] * len(self.row_shape)))
+            self._paths[shard] = str(self.folder / str(key))
+        return self._paths[shard]
 
     def _shard_index(self, shard: int, fd: int) -> np.ndarray:
         """``(rows_per_shard, 2)`` uint64 offsets and sizes of a shard's inner chunks, CRC-checked."""
@@ -94,49 +99,57 @@ class ShardRows:
             self._index[shard] = np.frombuffer(raw[:-4], dtype="<u8").reshape(-1, 2)
         return self._index[shard]
 
-    def read(self, unique: np.ndarray, out: np.ndarray) -> None:
-        """Rows ``unique`` (sorted, distinct) into ``out`` ``(len(unique), *row_shape)``.
+    def read(self, unique: np.ndarray, out: np.ndarray, slots: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``unique`` ``(U,)`` (sorted, distinct) into ``out[slots]`` (``slots`` ``(U,)``, default
+        ``0..U-1``; ``out`` ``(B, *row_shape)``) -> ``(U,)`` bool, whether each row holds a NaN or an inf.
 
-        Each shard's index is read here; the rows' reads and decompressions run on :func:`read_threads`
-        threads (zstd and ``pread`` release the interpreter lock), each row into its own slot of ``out``, so
-        the bits do not depend on the threads. Every task has ended when this returns or raises (the first
-        error, after the others finished)."""
+        The shards are split among :func:`read_threads` threads, the calling one included; each thread
+        opens its shards, reads their indexes, then each row with one ``pread`` decompressed straight into
+        its slot and checked while it is in cache (zstd, ``pread`` and numpy's loops release the
+        interpreter lock). Each row has its own slot, so the bits do not depend on the threads. Every
+        thread has stopped when this returns or raises (the first error, after the others finished)."""
+        slots = np.arange(len(unique)) if slots is None else slots
+        nonfinite = np.zeros(len(unique), dtype=bool)
         shards = unique // self.rows_per_shard
-        fds: list[int] = []
-        jobs: list[tuple[int, int, int, int]] = []  # (fd, row slot k, offset, nbytes)
+        starts = np.flatnonzero(np.concatenate([[True], shards[1:] != shards[:-1]])) if len(unique) else []
+        groups = np.split(np.arange(len(unique)), starts[1:]) if len(unique) else []
+        threads = read_threads()
+        work = [[groups[g] for g in part.tolist()]
+                for part in np.array_split(np.arange(len(groups)), min(len(groups), threads)) if len(part)]
+        if not work:
+            return nonfinite
+        futures = [_pool(threads).submit(self._read_shards, part, unique, slots, out, nonfinite)
+                   for part in work[1:]]
         try:
-            for shard in np.unique(shards).tolist():
-                fd = os.open(self._file(shard), os.O_RDONLY)
-                fds.append(fd)
-                index = self._shard_index(shard, fd)
-                for k in np.flatnonzero(shards == shard).tolist():
-                    offset, nbytes = index[int(unique[k]) - shard * self.rows_per_shard]
-                    if offset == _EMPTY and nbytes == _EMPTY:
-                        out[k] = self.fill
-                    else:
-                        jobs.append((fd, k, int(offset), int(nbytes)))
-            threads = read_threads()
-            if threads == 1 or len(jobs) < 2:
-                self._read_rows(jobs, out)
-                return
-            pool = _pool(threads)
-            parts = np.array_split(np.arange(len(jobs)), min(len(jobs), threads))
-            futures = [pool.submit(self._read_rows, [jobs[i] for i in part.tolist()], out) for part in parts]
-            wait(futures)
-            for future in futures:
-                future.result()  # the first error, once every part has stopped writing into out
+            self._read_shards(work[0], unique, slots, out, nonfinite)
         finally:
-            for fd in fds:
-                os.close(fd)
+            wait(futures)
+        for future in futures:
+            future.result()  # the first error, once every part has stopped writing into out
+        return nonfinite
 
-    @staticmethod
-    def _read_rows(jobs: list[tuple[int, int, int, int]], out: np.ndarray) -> None:
-        """Read and decompress each ``(fd, slot, offset, nbytes)`` into ``out[slot]``."""
-        for fd, k, offset, nbytes in jobs:
-            data = os.pread(fd, nbytes, offset)
-            if len(data) != nbytes:
-                raise ValueError("an inner chunk is truncated")
-            decode_into(data, out[k])  # one row, declared, straight into the batch
+    def _read_shards(self, groups: list[np.ndarray], unique: np.ndarray, slots: np.ndarray, out: np.ndarray,
+                     nonfinite: np.ndarray) -> None:
+        """Each group (positions in ``unique`` of one shard's rows): its rows into ``out[slots]``, and
+        whether each is not finite into ``nonfinite``."""
+        for group in groups:
+            shard = int(unique[group[0]]) // self.rows_per_shard
+            fd = os.open(self._file(shard), os.O_RDONLY)
+            try:
+                index = self._shard_index(shard, fd)
+                for j in group.tolist():
+                    row = out[slots[j]]
+                    offset, nbytes = index[int(unique[j]) - shard * self.rows_per_shard]
+                    if offset == _EMPTY and nbytes == _EMPTY:
+                        row[...] = self.fill
+                    else:
+                        data = os.pread(fd, int(nbytes), int(offset))
+                        if len(data) != nbytes:
+                            raise ValueError("an inner chunk is truncated")
+                        decode_into(data, row)  # one row, declared, straight into the batch
+                    nonfinite[j] = first_nonfinite_row(row.reshape(1, -1), _ONE) is not None
+            finally:
+                os.close(fd)
 
 
 def read_threads() -> int:
@@ -237,23 +250,48 @@ class StoreRows:
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         if len(rows) and (rows.min() < 0 or rows.max() >= self.shape[0]):
             raise IndexError(f"rows {rows.min()}..{rows.max()} outside 0..{self.shape[0] - 1}")
-        unique, inverse = np.unique(rows, return_inverse=True)
+        unique, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
         store, array = self._open()
         with consistent_read(store):
-            out = self._read(array, unique)
+            out, nonfinite = self._read(array, unique, first, inverse.reshape(-1))
             store.check_unchanged(self.state)
             store.check_array_unchanged(self.name, self._identity)
-        bad = first_nonfinite_row(out, self.valid[unique])
-        if bad is not None:
-            row = int(unique[bad])
+        bad = np.flatnonzero(nonfinite & self.valid[unique])
+        if len(bad):
+            row = int(unique[bad[0]])
             raise UserError(f"{self.path}: row {row} (imgid {row}) of '{self.name}' is marked valid but is "
                             f"not finite (NaN or inf); run `features verify {self.path} --repair`, then the "
                             "store's `features` command to recompute it")
-        return out[inverse.reshape(-1)]
+        return out
 
-    def _read(self, array: StoreArray, unique: np.ndarray) -> np.ndarray:
-        """Sorted distinct rows: runs of consecutive rows as slices (one inner chunk per row), else one
-        orthogonal selection (each touched chunk decoded once)."""
+    def _read(self, array: StoreArray, unique: np.ndarray, first: np.ndarray, inverse: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+        """Rows ``unique[inverse]`` ``(B, *row_shape)`` of sorted distinct ``unique`` ``(U,)`` (``first``: the
+        position of each one's first use), and ``(U,)`` bool: each distinct row holds a NaN or an inf.
+
+        Shard files in the writer's layout are read directly, each row into its first slot
+        (:class:`ShardRows`; repeats copied after); else runs of consecutive rows as slices (one inner
+        chunk per row), or one orthogonal selection (each touched chunk decoded once)."""
+        if self.direct and len(unique):
+            if self._shards is None or self._shards.array is not array:
+                self._shards = ShardRows(array)
+            out = np.empty((len(inverse), *self.shape[1:]), dtype=self.dtype)
+            try:
+                nonfinite = self._shards.read(unique, out, first)
+            except Exception as exc:  # noqa: BLE001 - zstd, the index, the file: name the damaged chunk
+                raise array._damage((unique,), exc) from None
+            repeats = np.flatnonzero(first[inverse] != np.arange(len(inverse)))
+            out[repeats] = out[first[inverse[repeats]]]
+            return out, nonfinite
+        rows = self._read_unique(array, unique)
+        nonfinite = np.zeros(len(unique), dtype=bool)
+        bad = first_nonfinite_row(rows, self.valid[unique])
+        if bad is not None:
+            nonfinite[bad] = True
+        return rows[inverse], nonfinite
+
+    def _read_unique(self, array: StoreArray, unique: np.ndarray) -> np.ndarray:
+        """Sorted distinct rows ``(U, *row_shape)`` through Zarr."""
         if not len(unique):
             return np.zeros((0, *self.shape[1:]), dtype=self.dtype)
         if not self.row_chunks:
@@ -262,14 +300,6 @@ class StoreRows:
             except Exception as exc:  # noqa: BLE001 - codecs raise RuntimeError, ValueError, ...
                 raise array._damage((unique,), exc) from None
         out = np.empty((len(unique), *self.shape[1:]), dtype=self.dtype)
-        if self.direct:
-            if self._shards is None or self._shards.array is not array:
-                self._shards = ShardRows(array)
-            try:
-                self._shards.read(unique, out)
-                return out
-            except Exception as exc:  # noqa: BLE001 - zstd, the index, the file: name the damaged chunk
-                raise array._damage((unique,), exc) from None
         breaks = np.flatnonzero(np.diff(unique) != 1) + 1
         starts = np.concatenate([[0], breaks])
         stops = np.concatenate([breaks, [len(unique)]])

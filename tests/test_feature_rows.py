@@ -89,13 +89,19 @@ def test_the_memory_limit_decides_by_size_and_batches_are_bit_identical(tmp_path
     assert torch.equal(a.images[:], b.images[:])
 
 
-def test_a_valid_row_that_is_not_finite_is_refused_when_read(tmp_path) -> None:
-    path = region_store(tmp_path / "r.zarr", 40)
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_a_valid_row_that_is_not_finite_is_refused_when_read(tmp_path, monkeypatch, threads) -> None:
+    """Each row is checked by the thread that read it; the first bad row is named whatever the threads."""
+    monkeypatch.setenv("VSE_READ_THREADS", threads)
+    path = region_store(tmp_path / "r.zarr", 40, invalid=(5,))
     FeatureStore(path, mode="r+").array("regions")[21, 0, 0] = np.inf
+    FeatureStore(path, mode="r+").array("regions")[35, 3, 7] = np.nan
     rows, _ = open_rows(f"{path}:regions")
-    assert rows.take(np.array([1, 2])).shape == (2, 49, 640)
+    assert rows.take(np.array([1, 2, 5, 5])).shape == (4, 49, 640)  # row 5's failed image is never checked
     with pytest.raises(UserError, match="row 21 .*not finite"):
-        rows.take(np.array([1, 21]))
+        rows.take(np.array([35, 1, 21, 21, 5]))
+    with pytest.raises(UserError, match="row 35 .*not finite"):
+        rows.take(np.array([35, 2, 35]))
 
 
 def test_a_store_rewritten_after_opening_is_refused(tmp_path) -> None:
