@@ -4,7 +4,8 @@ For one CNN on CPU or GPU it prints
 
 - the end-to-end images/s of ``features cnn`` and of ``features fne`` (in-process, store written),
 - the images/s of the bare forward pass over the same crops, already decoded and cropped,
-- the time spent decoding the JPEGs and building the crops,
+- the time spent decoding the JPEGs, resizing them on the host, and normalising and cropping them on the
+  device (the mapper's split of the work),
 
 and the ratios end-to-end / bare forward, so the pipeline's overhead is visible.
 
@@ -34,7 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from features.crops import image_crops  # noqa: E402
+from features.crops import normalization_table, pixel_crops, resized_pixels  # noqa: E402
 from features.images import load_image  # noqa: E402
 from features.mapper import ImageMapper  # noqa: E402
 from features.run import run_features  # noqa: E402
@@ -158,8 +159,13 @@ def bench_stages(args: argparse.Namespace, paths: list[Path], device: str) -> fl
     mapper = ImageMapper.from_config(config)
     b = mapper.backbone
     t0 = time.perf_counter()
-    crops = torch.cat([image_crops(im, b.resize, b.input_size, b.mean, b.std, args.crops, b.interpolation)
-                       for im in images])
+    pixels = [resized_pixels(im, b.resize, b.interpolation) for im in images]
+    resize_s = time.perf_counter() - t0
+    table = normalization_table(b.mean, b.std, device)
+    sync(device)
+    t0 = time.perf_counter()
+    crops = torch.cat([pixel_crops(p.to(device), table, b.input_size, args.crops) for p in pixels])
+    sync(device)
     crop_s = time.perf_counter() - t0
     with torch.inference_mode():
         crops = crops.clone()  # inference tensors, as the mapper's own
@@ -167,7 +173,8 @@ def bench_stages(args: argparse.Namespace, paths: list[Path], device: str) -> fl
     forward_s = bare_forward(mapper, crops, device)
     del mapper
     print(f"decode (load_image, 1 thread):      {decode_s:7.2f} s  {n / decode_s:8.1f} images/s")
-    print(f"resize + crops:                     {crop_s:7.2f} s  {n / crop_s:8.1f} images/s")
+    print(f"resize (host, 1 thread):            {resize_s:7.2f} s  {n / resize_s:8.1f} images/s")
+    print(f"pixels -> normalised crops ({device}): {crop_s:7.2f} s  {n / crop_s:8.1f} images/s")
     print(f"bare forward ({crops.shape[0]} crops):        {forward_s:7.2f} s  {n / forward_s:8.1f} images/s")
     return forward_s
 

@@ -61,6 +61,7 @@ from gpu_check_data import (  # noqa: E402
 )
 
 from features.backbones import load_backbone  # noqa: E402
+from features.crops import normalization_table, pixel_crops, resized_pixels  # noqa: E402
 from features.mapper import ImageMapper  # noqa: E402
 from features.rows import open_rows  # noqa: E402
 from train.engine.data import batch_loader  # noqa: E402
@@ -176,7 +177,8 @@ def timed(fn: Any, device: torch.device) -> float:
 
 def extraction(check: Check, record: dict[str, Any]) -> None:
     """Images/s of the mapper (10 crops) for global features and the FNE, float32 and AMP, and on the CPU;
-    each device's rows of the first few images against the CPU's (relative difference)."""
+    each device's rows of the first few images against the CPU's (relative difference). The crops the
+    device normalises and cuts must be the CPU's bit for bit (an error otherwise)."""
     from PIL import Image
 
     rng = np.random.default_rng(0)
@@ -203,6 +205,13 @@ def extraction(check: Check, record: dict[str, Any]) -> None:
                 "images_per_s": round(len(images) / seconds, 2), "peak_gpu_mib": peak_mib(check.device),
                 "rel_diff_vs_cpu": relative_difference(features[: len(few)], reference)}
     backbone.model.to("cpu")
+    pixels = resized_pixels(few[0], backbone.resize, backbone.interpolation)
+    on_cpu = pixel_crops(pixels, normalization_table(backbone.mean, backbone.std), backbone.input_size)
+    table = normalization_table(backbone.mean, backbone.std, check.device)
+    on_device = pixel_crops(pixels.to(check.device), table, backbone.input_size).cpu()
+    record["crops_equal_cpu"] = torch.equal(on_device, on_cpu)
+    if not record["crops_equal_cpu"]:
+        raise RuntimeError("the crops normalised and cut on the device differ from the CPU's")
 
 
 # -- every family's step -----------------------------------------------------------------------------

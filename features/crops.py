@@ -3,6 +3,11 @@
 The FNE, CHAIN-VSE and OECC papers follow the VSE/VGG protocol: resize the shorter side to 256 (or the
 network's own scale), take the four corner crops and the centre crop at the network's input size, plus the
 horizontal mirrors of those five, and average the features of the ten crops.
+
+The host does the part that needs PIL, the resize (:func:`resized_pixels`: 8-bit pixels, a quarter of
+float32's bytes); normalising (:func:`normalize_pixels`, a lookup in a 256-entry table per channel, so the
+values are the same bits on any device) and cutting the crops are tensor operations on the device that
+runs the network.
 """
 
 from __future__ import annotations
@@ -63,13 +68,45 @@ def resize_shorter_side(img: Image.Image, size: int, interpolation: str = "bilin
     return img.resize((new_w, new_h), _PIL_INTERPOLATION[interpolation])
 
 
+def resized_pixels(img: Image.Image, resize: int, interpolation: str = "bilinear") -> torch.Tensor:
+    """``img`` with its shorter side resized to ``resize`` (:func:`resize_shorter_side`) -> its 8-bit RGB
+    pixels ``(H, W, 3)`` uint8, on the CPU (the host's part of the crops)."""
+    return torch.from_numpy(np.array(resize_shorter_side(img, resize, interpolation).convert("RGB")))
+
+
+def normalization_table(mean: Sequence[float], std: Sequence[float], device: str | torch.device = "cpu"
+                        ) -> torch.Tensor:
+    """``(3, 256)`` float32: channel ``c``'s normalised value of each 8-bit level, ``(v / 255 - mean[c]) /
+    std[c]``, computed on the CPU in float32 (the level scaled first, then the mean taken away and the
+    result divided: the order and rounding of the per-pixel formula), then moved to ``device``."""
+    levels = torch.from_numpy(np.arange(256, dtype=np.float32) / np.float32(255.0)).expand(3, 256)
+    mean_t = torch.tensor(mean, dtype=torch.float32).view(3, 1)
+    std_t = torch.tensor(std, dtype=torch.float32).view(3, 1)
+    return ((levels - mean_t) / std_t).contiguous().to(device)
+
+
+def normalize_pixels(pixels: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """8-bit pixels ``(..., H, W, 3)`` uint8 -> float32 ``(..., 3, H, W)`` normalised by ``table``
+    (:func:`normalization_table`, on the pixels' device): a lookup, so the same bits on any device."""
+    index = pixels.movedim(-1, -3).to(torch.int64)  # (..., 3, H, W): channel c's level v is entry 256 c + v
+    index += torch.arange(0, 768, 256, device=pixels.device).view(3, 1, 1)
+    return torch.take(table, index)
+
+
 def to_normalized_tensor(img: Image.Image, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
     """8-bit RGB image -> float32 (3, H, W) tensor, scaled to 0..1 and normalised per channel."""
-    arr = np.asarray(img.convert("RGB"), dtype=np.float32) / 255.0
-    tensor = torch.from_numpy(arr).permute(2, 0, 1).contiguous()
-    mean_t = torch.tensor(mean, dtype=torch.float32).view(3, 1, 1)
-    std_t = torch.tensor(std, dtype=torch.float32).view(3, 1, 1)
-    return (tensor - mean_t) / std_t
+    pixels = torch.from_numpy(np.array(img.convert("RGB")))
+    return normalize_pixels(pixels, normalization_table(mean, std))
+
+
+def pixel_crops(pixels: torch.Tensor, table: torch.Tensor, size: int, crops: int = 10) -> torch.Tensor:
+    """Resized 8-bit pixels ``(H, W, 3)`` (:func:`resized_pixels`, on any device) -> the network inputs
+    ``(crops, 3, size, size)`` float32 on that device: normalised by ``table``, then :func:`ten_crop`
+    (``crops=10``) or :func:`one_crop` (``crops=1``)."""
+    if crops not in (1, 10):
+        raise ValueError(f"crops must be 1 or 10, not {crops}")
+    tensor = normalize_pixels(pixels, table)
+    return ten_crop(tensor, size) if crops == 10 else one_crop(tensor, size)
 
 
 def image_crops(
@@ -81,9 +118,7 @@ def image_crops(
     crops: int = 10,
     interpolation: str = "bilinear",
 ) -> torch.Tensor:
-    """One image -> its network inputs (crops, 3, size, size): shorter side to ``resize``, normalised,
-    then :func:`ten_crop` (``crops=10``) or :func:`one_crop` (``crops=1``)."""
-    if crops not in (1, 10):
-        raise ValueError(f"crops must be 1 or 10, not {crops}")
-    tensor = to_normalized_tensor(resize_shorter_side(img, resize, interpolation), mean, std)
-    return ten_crop(tensor, size) if crops == 10 else one_crop(tensor, size)
+    """One image -> its network inputs (crops, 3, size, size) on the CPU: shorter side to ``resize``,
+    normalised, then :func:`ten_crop` (``crops=10``) or :func:`one_crop` (``crops=1``)."""
+    pixels = resized_pixels(img, resize, interpolation)
+    return pixel_crops(pixels, normalization_table(mean, std), size, crops)

@@ -70,7 +70,7 @@ from PIL import Image
 from torch import nn
 
 from features.backbones import Backbone, VGGFc7, load_backbone
-from features.crops import to_normalized_tensor
+from features.crops import normalization_table, normalize_pixels
 from features.mapper import check_extractor_config, check_pass_options, pinned_threads
 from vsecore.device import resolve_device
 from vsecore.errors import UserError
@@ -162,6 +162,7 @@ class GridRegionMapper:
         self.amp = bool(amp) and self.device.type == "cuda"
         self.images_per_pass = batch_size if self.device.type == "cuda" else 1
         self.model = backbone.model.to(self.device).eval()
+        self._table = normalization_table(backbone.mean, backbone.std, self.device)
         self._build_kw: dict[str, Any] = {}
         size = backbone.input_size
         with torch.inference_mode():
@@ -221,10 +222,12 @@ class GridRegionMapper:
         }
 
     def _input(self, img: Image.Image) -> torch.Tensor:
+        """The image resized to the network's input: ``(size, size, 3)`` uint8 pixels (normalised on the
+        device)."""
         b = self.backbone
         size = b.input_size
         resized = img.convert("RGB").resize((size, size), Image.Resampling[b.interpolation.upper()])
-        return to_normalized_tensor(resized, b.mean, b.std)
+        return torch.from_numpy(np.array(resized))
 
     def __call__(self, images: list[Image.Image]) -> dict[str, np.ndarray]:
         """RGB PIL images -> ``{regions (B, k, D), boxes (B, k, 4), counts (B,), image_size (B, 2)}``."""
@@ -237,7 +240,8 @@ class GridRegionMapper:
         with torch.inference_mode():
             for start in range(0, len(images), self.images_per_pass):
                 group = images[start : start + self.images_per_pass]
-                x = torch.stack([self._input(img) for img in group]).to(self.device, non_blocking=True)
+                pixels = torch.stack([self._input(img) for img in group]).to(self.device, non_blocking=True)
+                x = normalize_pixels(pixels, self._table)
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.amp):
                     fmap = feature_map(self.backbone, x)
                 # (B, C, h, w) -> (B, h * w, C): region i * w + j is cell (i, j)
@@ -420,7 +424,8 @@ class DetectorRegionMapper:
         short = math.ceil(max(img.size) * MIN_SIDE / int(m.transform.max_size))
         view = img if min(img.size) >= short else img.resize(
             (max(img.width, short), max(img.height, short)), Image.Resampling.BILINEAR)
-        x = to_normalized_tensor(view, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)).to(self.device)
+        pixels = torch.from_numpy(np.array(view.convert("RGB"))).to(self.device)
+        x = normalize_pixels(pixels, normalization_table((0.0, 0.0, 0.0), (1.0, 1.0, 1.0), self.device))
         with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.amp):
             batch, _ = m.transform([x])
             fmaps = m.backbone(batch.tensors)

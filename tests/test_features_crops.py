@@ -9,7 +9,16 @@ import torchvision.transforms.functional as TF
 from PIL import Image
 
 from features.backbones import load_backbone
-from features.crops import image_crops, one_crop, resize_shorter_side, ten_crop
+from features.crops import (
+    image_crops,
+    normalization_table,
+    normalize_pixels,
+    one_crop,
+    pixel_crops,
+    resize_shorter_side,
+    resized_pixels,
+    ten_crop,
+)
 from features.fne import FullNetworkRecorder
 from features.images import load_image
 from features.mapper import ImageMapper
@@ -50,6 +59,30 @@ def test_resize_shorter_side_and_tiny_images():
     assert torch.allclose(crops[:, 0], torch.ones(1)) and torch.allclose(crops[:, 1], torch.zeros(1))
     with pytest.raises(ValueError):
         ten_crop(torch.zeros(3, 10, 30), 16)
+
+
+@pytest.mark.parametrize("mean, std", [((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+                                       ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+                                       ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))])
+def test_normalising_by_the_table_is_the_per_pixel_formula_bit_for_bit(mean, std):
+    """The device's lookup gives exactly the float32 formula's values: every 8-bit level of every channel,
+    and a real photo's crops, batched or not."""
+    def formula(pixels: np.ndarray) -> torch.Tensor:  # (H, W, 3) uint8 -> (3, H, W), one value at a time
+        scaled = torch.from_numpy(pixels.astype(np.float32) / np.float32(255.0)).permute(2, 0, 1)
+        return (scaled - torch.tensor(mean).view(3, 1, 1)) / torch.tensor(std).view(3, 1, 1)
+
+    table = normalization_table(mean, std)
+    levels = np.arange(256, dtype=np.uint8).repeat(3).reshape(16, 16, 3)
+    got = normalize_pixels(torch.from_numpy(levels), table)
+    assert got.dtype == torch.float32 and torch.equal(got, formula(levels))
+    batch = torch.from_numpy(np.stack([levels, levels[::-1].copy()]))
+    assert torch.equal(normalize_pixels(batch, table)[1], formula(levels[::-1].copy()))
+    photo = Image.fromarray(np.random.default_rng(0).integers(0, 256, (300, 400, 3), dtype=np.uint8))
+    pixels = resized_pixels(photo, 256)
+    assert pixels.dtype == torch.uint8 and min(pixels.shape[:2]) == 256
+    crops = pixel_crops(pixels, table, 224, 10)
+    assert torch.equal(crops, ten_crop(formula(pixels.numpy()), 224))
+    assert torch.equal(crops, image_crops(photo, 256, 224, mean, std, 10))
 
 
 def _crop_by_crop(backbone, pil: Image.Image, fne: bool) -> np.ndarray:

@@ -36,6 +36,7 @@ def test_cpu_dry_mode_runs_every_stage(tmp_path) -> None:
             # on the CPU the "device" is the CPU: its rows are the reference's, bit for bit
             assert result["extraction"][f"{kind}_{precision}"]["rel_diff_vs_cpu"] == 0
         assert result["extraction"][f"{kind}_cpu"]["images_per_s"] > 0
+    assert result["extraction"]["crops_equal_cpu"] is True
     for family in ("chain", "oecc", "seam", "vse", "clmr", "liwe"):
         steps = result[f"steps.{family}"]
         assert steps["float32"]["step_ms"] > 0 and steps["bf16"]["captions_per_s"] > 0
