@@ -381,3 +381,30 @@ def test_export_embeddings_reproduce_the_test_evaluation(data, tmp_path, capsys)
         assert err.count("\n") == 1 and expected[name] in err, (name, err)
     assert train_main(["evaluate", *sources["named"], "--captions-per-image", "2"]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("checkpoint_every", [1, 1000])
+def test_a_loss_that_is_not_finite_stops_the_run_at_its_step_and_no_checkpoint_keeps_it(
+        data, tmp_path, capsys, monkeypatch, checkpoint_every) -> None:
+    """The trainer reads each step's loss one step later (so the device is not waited on); a NaN loss is still
+    named at its own step, and is found before any checkpoint could be written after it."""
+    prepared, features = data
+    real_step = fit.Trainer._step
+
+    def step(self, batch):
+        loss = real_step(self, batch)
+        return torch.full_like(loss, float("nan")) if self.global_step + 1 == 3 else loss
+
+    monkeypatch.setattr(fit.Trainer, "_step", step)
+    run = tmp_path / "nan"
+    code = train_cli(["chain", "--data", str(prepared), "--features", features, *TINY, "--epochs", "1",
+                      "--checkpoint-every", str(checkpoint_every), "--out", str(run)])
+    err = capsys.readouterr().err
+    assert code != 0 and "the loss is nan at epoch 1, step 3;" in err
+    last = run / "checkpoints" / "last.pt"
+    if checkpoint_every == 1:
+        state = load_checkpoint(last)
+        assert state["global_step"] == 2 and state["running"]["batches"] == 2
+        assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+    else:
+        assert not last.exists()

@@ -130,7 +130,8 @@ class ScheduledContrastiveObjective:
     ``ContrastiveLoss`` (which counts the call before computing ``k``), so training starts almost at the
     sum of hinges (Table 6: the max of hinges alone diverges) and reaches lambda = 0.99 after 510 steps at
     eta = 0.991. It is the objective's checkpointed state, so a resumed run continues the schedule exactly.
-    ``last_terms`` holds the last batch's terms (floats) for inspection and tests.
+    ``last_terms`` gives the last batch's terms (floats) for inspection and tests; the step keeps them as
+    device tensors and reads them only when asked (reading waits for the device).
     """
 
     eta: float = 0.991
@@ -139,7 +140,12 @@ class ScheduledContrastiveObjective:
     iteration: int = 0
 
     def __post_init__(self) -> None:
-        self.last_terms: dict[str, float] = {}
+        self._terms: dict[str, float | torch.Tensor] = {}
+
+    @property
+    def last_terms(self) -> dict[str, float]:
+        """The last batch's terms: ``lambda``, ``image_text`` and each ``cross_<lang>``, as floats."""
+        return {name: float(value) for name, value in self._terms.items()}
 
     def __call__(self, model: torch.nn.Module, batch: Any, step: int,
                  autocast: AutocastFactory) -> torch.Tensor:
@@ -150,7 +156,7 @@ class ScheduledContrastiveObjective:
             cap = model.encode_captions(batch.text, batch.lengths)
         loss = scheduled_contrastive_loss(im.float(), cap.float(), weight, self.measure, self.margin,
                                           batch.image_index)
-        terms = {"lambda": weight, "image_text": float(loss.detach())}
+        terms: dict[str, float | torch.Tensor] = {"lambda": weight, "image_text": loss.detach()}
         if batch.pairs:
             cross = []
             for pairs in batch.pairs:
@@ -159,9 +165,9 @@ class ScheduledContrastiveObjective:
                     b = model.encode_captions(pairs.other_text, pairs.other_lengths)
                 cross.append(scheduled_contrastive_loss(a.float(), b.float(), weight, self.measure,
                                                         self.margin))
-                terms[f"cross_{pairs.other_lang}"] = float(cross[-1].detach())
+                terms[f"cross_{pairs.other_lang}"] = cross[-1].detach()
             loss = loss + torch.stack(cross).mean()
-        self.last_terms = terms
+        self._terms = terms
         self.iteration += 1
         return loss
 

@@ -297,29 +297,46 @@ class Trainer:
         bar = progress(total=len(batches), initial=self.position, desc=f"epoch {self.epoch + 1}/{s.epochs}",
                        unit="batch")
         tick = time.perf_counter()
+        # the step before's loss, read once this step's work is queued: reading a loss waits for the device,
+        # and waiting on the step just queued would leave the device idle while the next batch comes in
+        pending: tuple[float | torch.Tensor, int] | None = None
         for batch in loader:
             loss = self._step(batch)
-            if not math.isfinite(loss):
-                raise UserError(f"the loss is {loss} at epoch {self.epoch + 1}, step {self.global_step + 1}; "
-                                "checkpoints/last.pt holds the last finite state (try a lower --lr or "
-                                "--grad-clip)")
+            self._add_loss(pending, bar)
+            pending = (loss, self.global_step + 1)
             now = time.perf_counter()
             self.running["train_time"] += now - tick
             tick = now
-            self.running["loss_sum"] += loss
             self.running["batches"] += 1
             self.running["captions"] += int(batch.lengths.shape[0])
             self.position += 1
             self.global_step += 1
-            rate = self.running["captions"] / max(self.running["train_time"], 1e-9)
             bar.update(1)
-            bar.set_postfix(loss=f"{loss:.4f}", caps_per_s=f"{rate:.0f}", refresh=False)
             if self.global_step % s.checkpoint_every == 0 and self.position < len(batches):
+                self._add_loss(pending, bar)
+                pending = None
                 self.save(LAST)
                 tick = time.perf_counter()  # checkpoint writing is not training time
+        self._add_loss(pending, bar)
         bar.close()
 
-    def _step(self, batch: Any) -> float:
+    def _add_loss(self, pending: tuple[float | torch.Tensor, int] | None, bar: Any) -> None:
+        """Add a step's loss (``(loss, step number)``; None: nothing) to the running sum, after checking it is
+        finite (before any checkpoint is written: ``last.pt`` always holds a finite state)."""
+        if pending is None:
+            return
+        loss, step = float(pending[0]), pending[1]
+        if not math.isfinite(loss):
+            raise UserError(f"the loss is {loss} at epoch {self.epoch + 1}, step {step}; "
+                            "checkpoints/last.pt holds the last finite state (try a lower --lr or "
+                            "--grad-clip)")
+        self.running["loss_sum"] += loss
+        rate = self.running["captions"] / max(self.running["train_time"], 1e-9)
+        bar.set_postfix(loss=f"{loss:.4f}", caps_per_s=f"{rate:.0f}", refresh=False)
+
+    def _step(self, batch: Any) -> torch.Tensor:
+        """One optimisation step on ``batch``; its loss, a 0-dim tensor on the device, not read (reading it
+        waits for the device)."""
         s = self.settings
         batch = batch_to(batch, self.device)
         loss = self.objective(self.model, batch, self.global_step, lambda: autocast(self.device, s.amp))
@@ -328,7 +345,7 @@ class Trainer:
         if s.grad_clip is not None and s.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
         self.optimizer.step()
-        return float(loss.detach())
+        return loss.detach()
 
     def _plot_curves(self) -> None:
         """``curves.png`` of the history so far."""
