@@ -70,11 +70,14 @@ class InProcessExecutor:
         every earlier block is written.
         """
         mapper = cached_mapper(factory)
+        # the decode threads also do the mapper's host part (the resize): this thread only drives the network
+        prepare = getattr(mapper, "prepare", None)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="features-reader") as reader:
-            ahead = reader.submit(read_block, tasks[0]) if tasks else None
+            ahead = reader.submit(read_block, tasks[0], prepare=prepare) if tasks else None
             for k in range(len(tasks)):
                 block = ahead.result()
-                ahead = reader.submit(read_block, tasks[k + 1]) if k + 1 < len(tasks) else None
+                if k + 1 < len(tasks):
+                    ahead = reader.submit(read_block, tasks[k + 1], prepare=prepare)
                 yield map_and_write(block, mapper)
 
 

@@ -34,7 +34,9 @@ class Mapper(Protocol):
 
     def __call__(self, images: list[Any]) -> dict[str, np.ndarray]:
         """Images -> name -> ``(B, *row_shape)`` rows (``outputs`` maps each name to a width ``C``, rows
-        ``(B, C)`` float32, or to one row's shape; region mappers also have ``dtypes``)."""
+        ``(B, C)`` float32, or to one row's shape; region mappers also have ``dtypes``). A mapper may also
+        have ``prepare(image) -> item``, the host's part of its input (thread-safe): the reader then hands it
+        prepared items (:func:`read_block`)."""
 
 
 class MapperFactory(Protocol):
@@ -104,13 +106,14 @@ def default_loader(path: str, resize: int | None = None) -> Any:
     return load_image(path, resize=resize)
 
 
-def _load(path: str, loader: Callable[[str], Any]) -> Any:
+def _load(path: str, loader: Callable[[str], Any], prepare: Callable[[Any], Any] | None = None) -> Any:
     from features.images import ImageError
 
     try:
-        return loader(path)
+        image = loader(path)
     except ImageError as exc:
         return exc
+    return image if prepare is None else prepare(image)
 
 
 def _reason(exc: Exception) -> str:
@@ -129,8 +132,9 @@ class LoadedBlock:
 
 
 def read_block(task: BlockTask, loader: Callable[[str], Any] = default_loader,
-               decode_threads: int = 4) -> LoadedBlock:
-    """Decode a block's images in a few threads (PIL releases the GIL while decoding).
+               decode_threads: int = 4, prepare: Callable[[Any], Any] | None = None) -> LoadedBlock:
+    """Decode a block's images in a few threads (PIL releases the GIL while decoding), each then given to
+    ``prepare`` (the mapper's host part, e.g. the resize: PIL releases the GIL there too) in its thread.
 
     Images that cannot be used (``features.images.ImageError``) become failure records (imgid,
     path, reason); with ``task.on_error == "fail"`` the first one raises a :class:`UserError`
@@ -140,7 +144,7 @@ def read_block(task: BlockTask, loader: Callable[[str], Any] = default_loader,
     if loader is default_loader and task.resize is not None:
         loader = functools.partial(default_loader, resize=task.resize)
     with ThreadPoolExecutor(max_workers=max(1, min(decode_threads, task.rows))) as pool:
-        loaded = list(pool.map(lambda p: _load(p, loader), task.paths))
+        loaded = list(pool.map(lambda p: _load(p, loader, prepare), task.paths))
     failures, good, images = [], [], []
     for k, (path, item) in enumerate(zip(task.paths, loaded, strict=True)):
         if isinstance(item, Exception):
@@ -215,7 +219,7 @@ def run_block(task: BlockTask, mapper: Mapper, loader: Callable[[str], Any] = de
     if FeatureStore(task.store).block_done(task.block):
         # A retried Dask task (its worker died after writing the flag) must not redo the block.
         return BlockResult(task.block, task.rows, already_done=True)
-    return map_and_write(read_block(task, loader), mapper)
+    return map_and_write(read_block(task, loader, prepare=getattr(mapper, "prepare", None)), mapper)
 
 
 def block_tasks(store: FeatureStore, paths: Sequence[str | Path],

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,29 @@ def pinned_threads(threads: int | None) -> Iterator[None]:
     finally:
         if torch.get_num_threads() != before:
             torch.set_num_threads(before)
+
+
+@dataclass(frozen=True)
+class PreparedImage:
+    """An image after the host's part of a mapper's input (``mapper.prepare``), made in the extraction's
+    decode threads so that the thread driving the network does no image work.
+
+    ``pixels``: ``(H, W, 3)`` uint8 on the CPU; ``size``: ``(width, height)`` of the image as loaded;
+    ``recipe``: how it was resized (a mapper refuses pixels prepared for another input).
+    """
+
+    pixels: torch.Tensor
+    size: tuple[int, int]
+    recipe: tuple[Any, ...]
+
+
+def prepared(mapper: Any, item: Image.Image | PreparedImage) -> PreparedImage:
+    """``item`` prepared by ``mapper`` (a PIL image is prepared here; a prepared one is checked)."""
+    if not isinstance(item, PreparedImage):
+        return mapper.prepare(item)
+    if item.recipe != mapper.recipe:
+        raise ValueError(f"an image prepared as {item.recipe}, but this mapper's input is {mapper.recipe}")
+    return item
 
 
 def check_pass_options(batch_size: int, threads: int | None) -> None:
@@ -199,13 +223,24 @@ class ImageMapper:
                 out, _ = rec.take()
             return out.float()
 
-    def __call__(self, images: list[Image.Image]) -> dict[str, np.ndarray]:
-        """``images`` (RGB PIL images, see :func:`features.images.load_image`) ->
+    @property
+    def recipe(self) -> tuple[Any, ...]:
+        """How :meth:`prepare` resizes: ``("shorter side", resize, interpolation)``."""
+        return ("shorter side", self.backbone.resize, self.backbone.interpolation)
+
+    def prepare(self, img: Image.Image) -> PreparedImage:
+        """The host's part of ``img``'s crops (thread-safe; the extraction's decode threads call it): its
+        shorter side resized, as 8-bit pixels (:func:`features.crops.resized_pixels`)."""
+        b = self.backbone
+        return PreparedImage(resized_pixels(img, b.resize, b.interpolation), img.size, self.recipe)
+
+    def __call__(self, images: list[Image.Image | PreparedImage]) -> dict[str, np.ndarray]:
+        """``images`` (RGB PIL images, see :func:`features.images.load_image`, or their :meth:`prepare`) ->
         ``{name: (len(images), width) float32}``, each row the mean over the image's crops."""
         with pinned_threads(self.threads):
             return self._map(images)
 
-    def _map(self, images: list[Image.Image]) -> dict[str, np.ndarray]:
+    def _map(self, images: list[Image.Image | PreparedImage]) -> dict[str, np.ndarray]:
         (name, width), = self.outputs.items()
         out = np.empty((len(images), width), dtype=np.float32)
         b = self.backbone
@@ -214,8 +249,7 @@ class ImageMapper:
                 group = images[start : start + self.images_per_pass]
                 # the host resizes; the 8-bit pixels (a quarter of the crops' float32 bytes, a tenth of ten
                 # crops') go to the device, which normalises them and cuts the crops
-                pixels = [resized_pixels(img, b.resize, b.interpolation).to(self.device, non_blocking=True)
-                          for img in group]
+                pixels = [prepared(self, img).pixels.to(self.device, non_blocking=True) for img in group]
                 crops = torch.cat([pixel_crops(p, self._table, b.input_size, self.crops) for p in pixels])
                 feats = []
                 for c0 in range(0, crops.shape[0], self.batch_size):

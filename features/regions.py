@@ -71,7 +71,13 @@ from torch import nn
 
 from features.backbones import Backbone, VGGFc7, load_backbone
 from features.crops import normalization_table, normalize_pixels
-from features.mapper import check_extractor_config, check_pass_options, pinned_threads
+from features.mapper import (
+    PreparedImage,
+    check_extractor_config,
+    check_pass_options,
+    pinned_threads,
+    prepared,
+)
 from vsecore.device import resolve_device
 from vsecore.errors import UserError
 
@@ -221,36 +227,43 @@ class GridRegionMapper:
             "torch": torch.__version__, "torchvision": torchvision.__version__, "timm": timm.__version__,
         }
 
-    def _input(self, img: Image.Image) -> torch.Tensor:
-        """The image resized to the network's input: ``(size, size, 3)`` uint8 pixels (normalised on the
-        device)."""
+    @property
+    def recipe(self) -> tuple[Any, ...]:
+        """How :meth:`prepare` resizes: ``("square", input_size, interpolation)``."""
+        return ("square", self.backbone.input_size, self.backbone.interpolation)
+
+    def prepare(self, img: Image.Image) -> PreparedImage:
+        """The host's part (thread-safe; the extraction's decode threads call it): the image resized to the
+        network's input, ``(size, size, 3)`` uint8 pixels (normalised on the device)."""
         b = self.backbone
         size = b.input_size
         resized = img.convert("RGB").resize((size, size), Image.Resampling[b.interpolation.upper()])
-        return torch.from_numpy(np.array(resized))
+        return PreparedImage(torch.from_numpy(np.array(resized)), img.size, self.recipe)
 
-    def __call__(self, images: list[Image.Image]) -> dict[str, np.ndarray]:
-        """RGB PIL images -> ``{regions (B, k, D), boxes (B, k, 4), counts (B,), image_size (B, 2)}``."""
+    def __call__(self, images: list[Image.Image | PreparedImage]) -> dict[str, np.ndarray]:
+        """RGB PIL images (or their :meth:`prepare`) -> ``{regions (B, k, D), boxes (B, k, 4), counts (B,),
+        image_size (B, 2)}``."""
         with pinned_threads(self.threads):
             return self._map(images)
 
-    def _map(self, images: list[Image.Image]) -> dict[str, np.ndarray]:
-        out = empty_region_rows(len(images), self.outputs)
+    def _map(self, images: list[Image.Image | PreparedImage]) -> dict[str, np.ndarray]:
+        items = [prepared(self, img) for img in images]
+        out = empty_region_rows(len(items), self.outputs)
         h, w = self.grid
         with torch.inference_mode():
-            for start in range(0, len(images), self.images_per_pass):
-                group = images[start : start + self.images_per_pass]
-                pixels = torch.stack([self._input(img) for img in group]).to(self.device, non_blocking=True)
+            for start in range(0, len(items), self.images_per_pass):
+                group = items[start : start + self.images_per_pass]
+                pixels = torch.stack([item.pixels for item in group]).to(self.device, non_blocking=True)
                 x = normalize_pixels(pixels, self._table)
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.amp):
                     fmap = feature_map(self.backbone, x)
                 # (B, C, h, w) -> (B, h * w, C): region i * w + j is cell (i, j)
                 out["regions"][start : start + len(group)] = (
                     fmap.float().flatten(2).transpose(1, 2).cpu().numpy())
-        for i, img in enumerate(images):
-            out["boxes"][i] = grid_boxes(h, w, img.width, img.height)
+        for i, item in enumerate(items):
+            out["boxes"][i] = grid_boxes(h, w, *item.size)
             out["counts"][i] = h * w
-            out["image_size"][i] = img.size
+            out["image_size"][i] = item.size
         return out
 
 

@@ -239,8 +239,9 @@ def _print_summary(summary: ExtractSummary, out: Path) -> None:
         print(f"  ... and {len(summary.failures) - 20} more (all listed in the store's 'failures' attribute)")
     if summary.rows_written:
         total = summary.decode_s + summary.map_s + summary.write_s
-        print(f"features: time in blocks: decode {summary.decode_s:.1f} s, network {summary.map_s:.1f} s, "
-              f"write {summary.write_s:.1f} s (sum over workers {total:.1f} s)", file=sys.stderr)
+        print(f"features: time in blocks: decode and resize {summary.decode_s:.1f} s, network "
+              f"{summary.map_s:.1f} s, write {summary.write_s:.1f} s (sum over workers {total:.1f} s)",
+              file=sys.stderr)
 
 
 #: write errors a run reports in one line with what it kept, and what to do about each

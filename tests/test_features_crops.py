@@ -135,3 +135,28 @@ def test_mapper_ten_crops_equal_crop_by_crop(coco_sample, lite0, kind):
         # the average is not the centre crop's features: the corners and mirrors count
         centre_only = ImageMapper(backbone, kind=kind, crops=1, batch_size=1)([pil])[name]
         assert not np.allclose(centre_only, got, atol=1e-3)
+
+
+def test_images_prepared_in_the_decode_threads_give_the_same_rows_and_another_recipe_is_refused(tmp_path):
+    """The extraction's decode threads call ``mapper.prepare`` (the resize); the mapper then only drives the
+    network: the same rows, boxes and sizes as from the PIL images, for the crop and the grid mappers."""
+    from features.extract import BlockTask, read_block
+    from features.regions import GridRegionMapper
+
+    rng = np.random.default_rng(5)
+    paths = []
+    for k, size in enumerate([(120, 90), (90, 140)]):
+        paths.append(str(tmp_path / f"{k}.png"))
+        Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(paths[-1])
+    images = [load_image(p) for p in paths]
+    backbone = load_backbone("efficientnet_lite0", "none", input_size=64, resize=72)
+    crops = ImageMapper(backbone, kind="global", crops=10, batch_size=20)
+    grid = GridRegionMapper(load_backbone("efficientnet_lite0", "none", input_size=64))
+    for mapper in (crops, grid):
+        block = read_block(BlockTask(str(tmp_path / "s.zarr"), 0, 0, tuple(paths)), prepare=mapper.prepare)
+        assert [item.size for item in block.images] == [img.size for img in images]
+        by_threads, by_mapper = mapper(block.images), mapper(images)
+        assert by_threads.keys() == by_mapper.keys()
+        assert all(np.array_equal(by_threads[k], by_mapper[k]) for k in by_mapper)
+    with pytest.raises(ValueError, match="prepared as"):
+        grid([crops.prepare(images[0])])
