@@ -33,6 +33,7 @@ def test_cpu_dry_mode_runs_every_stage(tmp_path) -> None:
     for kind in ("global", "fne"):
         for precision in ("float32", "amp"):
             assert result["extraction"][f"{kind}_{precision}"]["images_per_s"] > 0
+            assert result["extraction"][f"{kind}_{precision}"]["prepared_images_per_s"] > 0
             # on the CPU the "device" is the CPU: its rows are the reference's, bit for bit
             assert result["extraction"][f"{kind}_{precision}"]["rel_diff_vs_cpu"] == 0
         assert result["extraction"][f"{kind}_cpu"]["images_per_s"] > 0
