@@ -247,8 +247,8 @@ class ImageMapper:
         with torch.inference_mode():
             for start in range(0, len(images), self.images_per_pass):
                 group = images[start : start + self.images_per_pass]
-                # the host resizes; the 8-bit pixels (a quarter of the crops' float32 bytes, a tenth of ten
-                # crops') go to the device, which normalises them and cuts the crops
+                # the host resizes (prepare); the 8-bit pixels (0.26 MB for a 341 x 256 image, against 6.0 MB
+                # of ten float32 crops) go to the device, which normalises them and cuts the crops
                 pixels = [prepared(self, img).pixels.to(self.device, non_blocking=True) for img in group]
                 crops = torch.cat([pixel_crops(p, self._table, b.input_size, self.crops) for p in pixels])
                 feats = []
