@@ -369,6 +369,8 @@ class DetectorRegionMapper:
         self.device = resolve_device(device)
         self.amp = bool(amp) and self.device.type == "cuda"
         self.model = model.to(self.device).eval()
+        # 8-bit levels -> 0..1: torchvision's detection transform normalises by its own mean and std
+        self._unit_table = normalization_table((0.0, 0.0, 0.0), (1.0, 1.0, 1.0), self.device)
         for param in self.model.parameters():
             param.requires_grad_(False)
         dim = int(self.model.roi_heads.box_predictor.cls_score.in_features)
@@ -438,7 +440,7 @@ class DetectorRegionMapper:
         view = img if min(img.size) >= short else img.resize(
             (max(img.width, short), max(img.height, short)), Image.Resampling.BILINEAR)
         pixels = torch.from_numpy(np.array(view.convert("RGB"))).to(self.device)
-        x = normalize_pixels(pixels, normalization_table((0.0, 0.0, 0.0), (1.0, 1.0, 1.0), self.device))
+        x = normalize_pixels(pixels, self._unit_table)
         with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.amp):
             batch, _ = m.transform([x])
             fmaps = m.backbone(batch.tensors)

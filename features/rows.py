@@ -110,14 +110,13 @@ class ShardRows:
         thread has stopped when this returns or raises (the first error, after the others finished)."""
         slots = np.arange(len(unique)) if slots is None else slots
         nonfinite = np.zeros(len(unique), dtype=bool)
+        if not len(unique):
+            return nonfinite
         shards = unique // self.rows_per_shard
-        starts = np.flatnonzero(np.concatenate([[True], shards[1:] != shards[:-1]])) if len(unique) else []
-        groups = np.split(np.arange(len(unique)), starts[1:]) if len(unique) else []
+        groups = np.split(np.arange(len(unique)), np.flatnonzero(shards[1:] != shards[:-1]) + 1)
         threads = read_threads()
         work = [[groups[g] for g in part.tolist()]
-                for part in np.array_split(np.arange(len(groups)), min(len(groups), threads)) if len(part)]
-        if not work:
-            return nonfinite
+                for part in np.array_split(np.arange(len(groups)), min(len(groups), threads))]
         futures = [_pool(threads).submit(self._read_shards, part, unique, slots, out, nonfinite)
                    for part in work[1:]]
         try:
