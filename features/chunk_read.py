@@ -12,7 +12,7 @@ It handles exactly the layout the store's writer makes for arrays with one chunk
 ``bytes`` (little-endian) + ``zstd``, a fixed-size data type; :func:`matches` says whether an array has it,
 and :func:`read_whole` returns ``None`` for any other, which Zarr then reads. A chunk file that is absent is
 the fill value, as Zarr reads it. Every chunk is bounded as the Zarr reader bounds it
-(:mod:`features.zstd_bounds`): the file may hold at most zstd's worst case for the chunk's bytes, and the
+(:mod:`features.codec_bounds`): the file may hold at most zstd's worst case for the chunk's bytes, and the
 frame must declare exactly the chunk's size, so the bytes are the ones Zarr would decode, into the same bits.
 """
 
@@ -28,8 +28,8 @@ from zarr.codecs import BytesCodec, ZstdCodec
 from zarr.codecs.bytes import Endian
 from zarr.core.chunk_grids import RegularChunkGrid
 
+from features.codec_bounds import zstd_decode_into
 from features.store_array import StoreArray
-from features.zstd_bounds import decode_into
 
 #: chunks decompressed at once (threads); more do not help a 2-core machine, and 4 keep a larger one busy
 READ_THREADS = 4
@@ -88,10 +88,10 @@ def read_whole(array: StoreArray, threads: int = READ_THREADS) -> np.ndarray | N
             dest[...] = fill  # an absent chunk is the fill value, as Zarr reads it
             return
         if whole_rows and dest.shape == chunks:  # a full chunk: straight into the result
-            decode_into(data, dest)
+            zstd_decode_into(data, dest)
             return
         buffer = np.empty(chunks, dtype=dtype)
-        decode_into(data, buffer)
+        zstd_decode_into(data, buffer)
         dest[...] = buffer[tuple(slice(0, s) for s in dest.shape)]
 
     all_chunks = list(itertools.product(*grid))

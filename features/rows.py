@@ -27,14 +27,14 @@ from typing import Any
 
 import google_crc32c
 import numpy as np
-from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
+from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
 from zarr.codecs.bytes import Endian
 from zarr.codecs.sharding import ShardingCodecIndexLocation
 
+from features.codec_bounds import DECODERS
 from features.store import FeatureStore, StoreState
 from features.store_array import StoreArray
 from features.store_read import _open_for_reading, check_row_records, consistent_read, first_nonfinite_row
-from features.zstd_bounds import decode_into
 from prep.dataset import PreparedDataset
 from vsecore.errors import UserError
 
@@ -50,11 +50,11 @@ class ShardRows:
     Zarr reads each inner chunk through its asynchronous pipeline and re-reads the shard's index on
     every call: about 2 ms per row, so a batch of 128 random region rows took 0.3 to 0.9 s. This reads
     each shard's index once (verified against its CRC-32C), then each row with one ``pread`` of its
-    compressed bytes, decompressed by zstd straight into the batch. It handles exactly the layout the
+    compressed bytes, decompressed straight into the batch. It handles exactly the layout the
     writer makes (:func:`features.store_layout.row_layout`, checked when the store was opened): a
     ``sharding_indexed`` codec, its index at the end (``bytes`` little-endian + ``crc32c``), inner chunks
-    ``bytes`` little-endian + ``zstd``; :meth:`matches` says whether an array has it. The bytes are the
-    ones Zarr would decode, so the rows are the same bits.
+    ``bytes`` little-endian + ``zstd`` or ``blosc`` (``--codec lz4``); :meth:`matches` says whether an array
+    has it. The bytes are the ones Zarr would decode, so the rows are the same bits.
     """
 
     def __init__(self, array: StoreArray) -> None:
@@ -64,6 +64,8 @@ class ShardRows:
         self.row_shape = tuple(int(v) for v in array.zarr.shape[1:])
         self.dtype = np.dtype(array.zarr.dtype).newbyteorder("<")
         self.fill = array.zarr.fill_value
+        #: the inner chunks' decompressor (:data:`features.codec_bounds.DECODERS`)
+        self.decode = next(f for kind, f in DECODERS.items() if isinstance(_inner_compressor(array), kind))
         self._index: dict[int, np.ndarray] = {}
         self._paths: dict[int, str] = {}
 
@@ -77,7 +79,8 @@ class ShardRows:
         inner, index = list(shard.codecs), list(shard.index_codecs)
         return (shard.index_location == ShardingCodecIndexLocation.end
                 and tuple(shard.chunk_shape) == (1, *array.zarr.shape[1:])
-                and len(inner) == 2 and isinstance(inner[0], BytesCodec) and isinstance(inner[1], ZstdCodec)
+                and len(inner) == 2 and isinstance(inner[0], BytesCodec)
+                and _inner_compressor(array) is not None
                 and inner[0].endian in (Endian.little, None)
                 and len(index) == 2 and isinstance(index[0], BytesCodec) and isinstance(index[1], Crc32cCodec)
                 and index[0].endian in (Endian.little, None))
@@ -145,10 +148,18 @@ class ShardRows:
                         data = os.pread(fd, int(nbytes), int(offset))
                         if len(data) != nbytes:
                             raise ValueError("an inner chunk is truncated")
-                        decode_into(data, row)  # one row, declared, straight into the batch
+                        self.decode(data, row)  # one row, its size checked, straight into the batch
                     nonfinite[j] = first_nonfinite_row(row.reshape(1, -1), _ONE) is not None
             finally:
                 os.close(fd)
+
+
+def _inner_compressor(array: StoreArray) -> Any:
+    """The compressor of a sharded array's inner chunks when it is one :data:`DECODERS` has, else None."""
+    codecs = array.zarr.metadata.codecs
+    inner = list(codecs[0].codecs) if len(codecs) == 1 and isinstance(codecs[0], ShardingCodec) else []
+    found = inner[-1] if len(inner) == 2 else None
+    return found if any(isinstance(found, kind) for kind in DECODERS) else None
 
 
 def read_threads() -> int:

@@ -89,6 +89,9 @@ def run_features(settings: FeaturesSection, overwrite: bool = False, rethreshold
     if rethreshold:
         return rethreshold_store(out, settings.threshold_low, settings.threshold_high)
     _check_thresholds(settings)
+    if settings.codec != "zstd" and settings.kind != "regions":
+        raise UserError(f"features {settings.kind}: codec {settings.codec} applies to region stores (rows "
+                        "stored one chunk per row); other arrays are always zstd")
     check_sizes(settings.input_size, None if settings.kind == "regions" else settings.resize)
     check_scheduler(settings.scheduler, settings.workers)
     dataset = _dataset(settings)
@@ -132,7 +135,7 @@ def _extract_locked(settings: FeaturesSection, dataset: PreparedDataset, out: Pa
     resuming = out.exists() and not overwrite
     store = FeatureStore.open_or_create(out, imgids, mapper.outputs, settings.block_size, config,
                                         provenance, overwrite=overwrite, hints=hints,
-                                        dtypes=getattr(mapper, "dtypes", None))
+                                        dtypes=getattr(mapper, "dtypes", None), codec=settings.codec)
     if resuming:
         _recompute_damaged(store)
         _retry_failures(store, retry_failed)

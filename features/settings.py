@@ -41,3 +41,5 @@ class FeaturesSection(Section):
     min_boxes: int = 10
     max_boxes: int = 100
     fixed_boxes: int | None = 36
+    # regions: how the rows are compressed (features.store_layout.ROW_CODECS)
+    codec: Literal["zstd", "lz4"] = "zstd"

@@ -58,12 +58,14 @@ from features.store_array import StoreArray, one_line
 from features.store_layout import (
     ARRAY_CONFIG,
     MAX_GROUP_METADATA_BYTES,
+    ROW_CODECS,
     RowShape,
     check_store_layout,
     fill_value,
     row_layout,
     row_shape,
     shape_attr,
+    store_codec,
 )
 from features.store_state import ConsistentReads, StoreState
 from vsecore.errors import UserError
@@ -116,12 +118,14 @@ class FeatureStore(ConsistentReads):
     @classmethod
     def create(cls, path: str | os.PathLike, imgids: np.ndarray, outputs: Mapping[str, RowShape],
                block_size: int, config: Mapping[str, Any], provenance: Mapping[str, Any],
-               overwrite: bool = False, dtypes: Mapping[str, str] | None = None) -> FeatureStore:
+               overwrite: bool = False, dtypes: Mapping[str, str] | None = None, codec: str = "zstd"
+               ) -> FeatureStore:
         """Create an empty store for ``len(imgids)`` rows and the ``outputs``.
 
         ``outputs``: name -> width ``C`` (an ``(N, C)`` array) or the shape of one row (``(k, D)`` gives
         ``(N, k, D)``, ``()`` gives ``(N,)``); ``dtypes``: name -> numpy dtype name (default float32).
-        Float arrays are filled with NaN (the rows of failed images), integer arrays with 0.
+        Float arrays are filled with NaN (the rows of failed images), integer arrays with 0. ``codec``
+        compresses the arrays stored one chunk per row (:data:`features.store_layout.ROW_CODECS`).
 
         Built in a temporary sibling folder and renamed into place, so a run killed while creating
         leaves either no store or a complete empty one. ``overwrite`` replaces an existing store
@@ -136,6 +140,8 @@ class FeatureStore(ConsistentReads):
         if block_size < 1:
             raise UserError(f"block size must be at least 1, got {block_size}")
         n_blocks = max(1, math.ceil(n / block_size))
+        if codec not in ROW_CODECS:
+            raise UserError(f"codec {codec!r}: expected one of {', '.join(ROW_CODECS)}")
         with atomic_directory(path, overwrite=True) as tmp:
             g = zarr.open_group(str(tmp), mode="w", zarr_format=3)
             g.create_array("imgid", shape=(n,), chunks=(block_size,), dtype="int64", fill_value=-1,
@@ -147,7 +153,7 @@ class FeatureStore(ConsistentReads):
             for name, spec in outputs.items():
                 shape = row_shape(spec)
                 g.create_array(name, shape=(n, *shape), dtype=kinds[name], fill_value=fill_value(kinds[name]),
-                               **row_layout(name, shape, kinds[name], block_size))
+                               **row_layout(name, shape, kinds[name], block_size, codec))
             g.attrs.update({
                 MARKER: STORE_FORMAT,
                 "config": _jsonable(dict(config)),
@@ -157,6 +163,7 @@ class FeatureStore(ConsistentReads):
                 "n_blocks": n_blocks,
                 "outputs": {k: shape_attr(v) for k, v in outputs.items()},
                 "dtypes": {k: v.name for k, v in kinds.items()},
+                "codec": codec,
                 "complete": False,
                 "generation": uuid.uuid4().hex,
                 "failures": [],
@@ -169,8 +176,8 @@ class FeatureStore(ConsistentReads):
     def open_or_create(cls, path: str | os.PathLike, imgids: np.ndarray, outputs: Mapping[str, RowShape],
                        block_size: int, config: Mapping[str, Any], provenance: Mapping[str, Any],
                        overwrite: bool = False, hints: Mapping[str, str] | None = None,
-                       dtypes: Mapping[str, str] | None = None) -> FeatureStore:
-        """Resume the store at ``path`` if it was made with ``config``; create it if absent.
+                       dtypes: Mapping[str, str] | None = None, codec: str = "zstd") -> FeatureStore:
+        """Resume the store at ``path`` if it was made with ``config`` (and ``codec``); create it if absent.
 
         A store made with a different configuration is a :class:`UserError` naming the first
         differing key (``hints`` may add advice per key), unless ``overwrite`` starts over.
@@ -178,9 +185,13 @@ class FeatureStore(ConsistentReads):
         path = Path(path)
         if overwrite or not path.exists():
             return cls.create(path, imgids, outputs, block_size, config, provenance, overwrite=overwrite,
-                              dtypes=dtypes)
+                              dtypes=dtypes, codec=codec)
         store = cls(path, mode="r+")
         store.recover()
+        made = store_codec(store.attrs, f"{path}/zarr.json")
+        if made != codec:
+            raise UserError(f"{path}: the existing store was made with --codec {made}, this run asks for "
+                            f"--codec {codec} (use --overwrite to start over, or `features recompress`)")
         stored = dict(store.attrs.get("config", {}))
         wanted = _jsonable(dict(config))
         if "images_sha256" in wanted and "images_sha256" not in stored and "dataset_sha256" in stored:

@@ -11,11 +11,11 @@ from typing import Any, Protocol
 import numpy as np
 import zarr
 
-from features import zstd_bounds
+from features import codec_bounds
 from features.store_layout import rows_per_file
 from vsecore.errors import UserError
 
-zstd_bounds.install()  # every zstd chunk a store reader decompresses is bounded by its chunk's size
+codec_bounds.install()  # every zstd or Blosc chunk a store reader decompresses is bounded by its chunk's size
 
 
 class HasPath(Protocol):

@@ -339,4 +339,26 @@ def layout_digest(spec: str) -> str:
     except (ValueError, RecursionError) as exc:
         raise UserError(f"{meta}: cannot read the array metadata: {exc}") from None
     layout = {k: record.get(k) for k in LAYOUT_FIELDS} if isinstance(record, dict) else record
+    if isinstance(layout, dict):
+        layout["codecs"] = _compression_as_zstd(layout.get("codecs"))
     return hashlib.sha256(json.dumps(layout, sort_keys=True).encode()).hexdigest()
+
+
+#: the inner compressor of a row array as Zarr writes its default zstd (and every store did before
+#: ``--codec``): the one a digest names for any compressor
+_ZSTD_RECORD = {"name": "zstd", "configuration": {"level": 0, "checksum": False}}
+
+
+def _compression_as_zstd(codecs: Any) -> Any:
+    """``codecs`` of an array's ``zarr.json`` with each compressor (``zstd`` at any level, ``blosc``; at any
+    depth: the inner chunks of a shard) written as :data:`_ZSTD_RECORD`: a store converted by ``features
+    recompress`` holds the same rows, so its :func:`layout_digest` is its source's (and every store the
+    writer made before, all zstd level 0, keeps its digest)."""
+    if isinstance(codecs, list):
+        return [_compression_as_zstd(c) for c in codecs]
+    if isinstance(codecs, dict):
+        if codecs.get("name") in ("zstd", "blosc"):
+            return dict(_ZSTD_RECORD)
+        return {k: _compression_as_zstd(v) if k in ("configuration", "codecs") else v
+                for k, v in codecs.items()}
+    return codecs
