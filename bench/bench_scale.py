@@ -62,6 +62,8 @@ FAMILY_FEATURES = {
     "clmr": ("grid-regions.zarr", "regions"), "liwe": ("grid-regions.zarr", "regions"),
 }
 PHASES = ("load", "train", "eval")
+#: ``--codec lz4``: the region families read this copy of ``grid-regions.zarr`` (``features recompress``)
+LZ4_REGIONS = "grid-regions-lz4.zarr"
 FNE_WIDTH = 12_416  # VGG16: 13 conv layers + fc6 + fc7 (features/fne.py)
 BLOCK = 256
 GIB = 2**30
@@ -211,14 +213,34 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def settings_of(family: str, root: Path, scale: float, dataset: Any = None) -> Any:
+def features_store(family: str, codec: str = "zstd") -> tuple[str, str]:
+    """``(store file, key)`` the family reads: :data:`FAMILY_FEATURES`, the region store's ``lz4`` copy
+    with ``codec`` lz4."""
+    store, key = FAMILY_FEATURES[family]
+    return (LZ4_REGIONS if codec == "lz4" and key == "regions" else store), key
+
+
+def lz4_regions(root: Path) -> float:
+    """Make ``root/``:data:`LZ4_REGIONS` from ``grid-regions.zarr`` with ``features recompress`` (the
+    command, as a user runs it) unless it is there; returns the seconds it took (0 when it was there)."""
+    out = root / LZ4_REGIONS
+    meta = out / "zarr.json"
+    if meta.is_file() and json.loads(meta.read_text())["attributes"].get("complete"):
+        return 0.0
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "features", "recompress", str(root / "grid-regions.zarr"),
+                    "--codec", "lz4", "--out", str(out)], check=True, cwd=ROOT)
+    return time.perf_counter() - t0
+
+
+def settings_of(family: str, root: Path, scale: float, dataset: Any = None, codec: str = "zstd") -> Any:
     """The family's train settings on the synthetic data, resolved as ``train <family>`` resolves it
-    (``dataset``: the prepared dataset already loaded, else it is read)."""
+    (``dataset``: the prepared dataset already loaded, else it is read; ``codec``: :func:`features_store`)."""
     from prep.dataset import PreparedDataset
     from train.models.family import train_settings, with_data_defaults, with_family_defaults
     from train.run.config import absolute_settings
 
-    store, key = FAMILY_FEATURES[family]
+    store, key = features_store(family, codec)
     extra = {} if scale >= 1 else {"val_protocol": "all"}  # the 5cv folds need 5,000 test images
     settings = train_settings(family=family, data=str(root / "data"), features=f"{root / store}:{key}",
                               out=str(root / "runs" / family), device="cpu", **extra)
@@ -226,8 +248,8 @@ def settings_of(family: str, root: Path, scale: float, dataset: Any = None) -> A
     return with_data_defaults(settings, dataset or PreparedDataset.load(settings.data))
 
 
-def phase_load(family: str, root: Path, scale: float, seconds: float, workers: int | None = None
-               ) -> dict[str, Any]:
+def phase_load(family: str, root: Path, scale: float, seconds: float, workers: int | None = None,
+               codec: str = "zstd") -> dict[str, Any]:
     """Data loading as ``train`` does it, then the epoch's batches with the model step stubbed out, read in
     ``workers`` processes (None: the family's ``--workers``) and moved to the CPU as the step would."""
     import torch
@@ -238,7 +260,7 @@ def phase_load(family: str, root: Path, scale: float, seconds: float, workers: i
     from train.models.family import model_spec
     from train.retrieval.fit import _load_data
 
-    s = settings_of(family, root, scale)
+    s = settings_of(family, root, scale, codec=codec)
     if workers is not None:
         s = s.model_copy(update={"workers": workers})
     t0 = time.perf_counter()
@@ -262,7 +284,7 @@ def phase_load(family: str, root: Path, scale: float, seconds: float, workers: i
             "rss_after_load": rss_loaded, "peak_rss": peak_rss()}
 
 
-def phase_train(family: str, root: Path, scale: float, steps: int) -> dict[str, Any]:
+def phase_train(family: str, root: Path, scale: float, steps: int, codec: str = "zstd") -> dict[str, Any]:
     """The real step (forward, loss, backward, Adam) on ``steps`` batches of the epoch's order."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -274,7 +296,7 @@ def phase_train(family: str, root: Path, scale: float, steps: int) -> dict[str, 
     from train.models.joint import build_model
     from train.retrieval.fit import _load_data
 
-    s = settings_of(family, root, scale)
+    s = settings_of(family, root, scale, codec=codec)
     train_set, val_set, config = _load_data(s, model_spec(s), PreparedDataset.load(s.data))
     torch.manual_seed(s.seed)
     model = build_model(s, config["vocab_size"], config["feature_shape"], model_spec(s))
@@ -300,7 +322,8 @@ def phase_train(family: str, root: Path, scale: float, steps: int) -> dict[str, 
             "threads": torch.get_num_threads(), "peak_rss": peak_rss()}
 
 
-def phase_eval(family: str, root: Path, scale: float, eval_captions: int) -> dict[str, Any]:
+def phase_eval(family: str, root: Path, scale: float, eval_captions: int, codec: str = "zstd"
+               ) -> dict[str, Any]:
     """The test split as ``train evaluate`` reads it (``LoadedRun.caption_set``), embedded by the family's
     model (random weights: the work does not depend on them) and ranked under every protocol it allows.
 
@@ -319,7 +342,7 @@ def phase_eval(family: str, root: Path, scale: float, eval_captions: int) -> dic
     from train.retrieval.validation import retrieval_metrics
     from vsecore.errors import UserError
 
-    s = settings_of(family, root, scale)
+    s = settings_of(family, root, scale, codec=codec)
     t0 = time.perf_counter()
     dataset = PreparedDataset.load(s.data)
     codec = codec_for(s, dataset, model_spec(s).text_input)
@@ -377,11 +400,11 @@ def run_phase(args: argparse.Namespace) -> None:
     """``--phase``: one family's phase in this process; prints ``RESULT {json}``."""
     family, root = args.families[0], Path(args.root)
     if args.phase == "load":
-        out = phase_load(family, root, args.scale, args.load_seconds, args.workers)
+        out = phase_load(family, root, args.scale, args.load_seconds, args.workers, args.codec)
     elif args.phase == "train":
-        out = phase_train(family, root, args.scale, args.steps)
+        out = phase_train(family, root, args.scale, args.steps, args.codec)
     else:
-        out = phase_eval(family, root, args.scale, args.eval_captions)
+        out = phase_eval(family, root, args.scale, args.eval_captions, args.codec)
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -391,7 +414,7 @@ def measure(args: argparse.Namespace, family: str) -> dict[str, Any]:
     """The three phases of ``family``, each in a fresh process."""
     base = [sys.executable, str(Path(__file__).resolve()), "--root", args.root, "--scale", str(args.scale),
             "--families", family, "--steps", str(args.steps), "--load-seconds", str(args.load_seconds),
-            "--eval-captions", str(args.eval_captions)]
+            "--eval-captions", str(args.eval_captions), "--codec", args.codec]
     if args.workers is not None:
         base += ["--workers", str(args.workers)]
     out: dict[str, Any] = {}
@@ -403,7 +426,7 @@ def measure(args: argparse.Namespace, family: str) -> dict[str, Any]:
     return out
 
 
-def table(built: dict[str, Any], results: dict[str, dict[str, Any]]) -> str:
+def table(built: dict[str, Any], results: dict[str, dict[str, Any]], codec: str = "zstd") -> str:
     """The Markdown table of the results (one row per family)."""
     head = ("| family | features | in RAM | data load s | loader captions/s (step stubbed) "
             "| real step s/batch | captions/s (real step) | epoch h (this CPU) | GFLOP/step "
@@ -412,7 +435,7 @@ def table(built: dict[str, Any], results: dict[str, dict[str, Any]]) -> str:
     rows = [head, "|" + "|".join([" --- "] * 13) + "|"]
     for family, r in results.items():
         ld, tr, ev = r["load"], r["train"], r["eval"]
-        store, key = FAMILY_FEATURES[family]
+        store, key = features_store(family, codec)
         epoch_h = ld["epoch_captions"] / tr["step_captions_per_s"] / 3600 if tr["step_captions_per_s"] else 0
         rows.append(
             f"| {family} | {store}:{key} | {'yes' if ld['features_in_memory'] else 'no (per batch)'} "
@@ -442,6 +465,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the phases run for each family (default: all; the table needs all three)")
     p.add_argument("--workers", type=int, help="processes reading the load phase's batches "
                    "(default: the family's --workers)")
+    p.add_argument("--codec", choices=("zstd", "lz4"), default="zstd",
+                   help="lz4: the region families read a copy of grid-regions.zarr made by `features "
+                        "recompress --codec lz4` (made on first use, timed)")
     p.add_argument("--json", metavar="FILE", help="also write every number into FILE")
     p.add_argument("--phase", choices=PHASES, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -457,9 +483,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     built = build(root, args.scale, args.seed)
     print(f"data: {json.dumps(built)} ({time.perf_counter() - t0:.0f}s)", flush=True)
+    if args.codec == "lz4" and any(FAMILY_FEATURES[f][1] == "regions" for f in args.families):
+        print(f"{LZ4_REGIONS}: recompressed in {lz4_regions(root):.0f} s (0: it was there)", flush=True)
     results = {family: measure(args, family) for family in args.families}
     if set(args.phases) == set(PHASES):
-        print(table(built, results))
+        print(table(built, results, args.codec))
     if args.json:
         Path(args.json).write_text(json.dumps({"build": built, "results": results}, indent=1))
     return 0
