@@ -7,8 +7,8 @@ on (``docs/scale.md``). The codec is a store's choice (:data:`features.store_lay
 decompress, larger). This command writes a copy of a complete store with those arrays compressed by
 ``codec``, block by block through the store's own writer, and every other array, attribute, validity
 flag and failure record as the source has them; the source is only read. The copy is the same features
-to every reader: the same rows bit for bit, the same ``config`` (a run's fingerprints and ``--resume``
-accept it: :func:`features.store_read.layout_digest` names both codecs alike), and its provenance says
+to every reader: the same rows bit for bit, the same ``config`` (a run trained on the source accepts the
+copy in its place: :func:`features.store_read.layout_digest` names both codecs alike), and its provenance says
 where it came from (``recompressed_from``: the source's path, generation, codec and code version).
 
 It holds the copy's lock while writing; a copy that was interrupted is resumed by the same command

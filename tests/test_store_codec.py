@@ -219,3 +219,37 @@ def test_features_regions_writes_lz4(coco_sample, tmp_path: Path, capsys) -> Non
     a, _ = open_rows(f"{out}:regions", data)
     b, _ = open_rows(f"{tmp_path / 'z.zarr'}:regions", data)
     assert np.array_equal(bits(a.take(np.arange(4))), bits(b.take(np.arange(4))))
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_run_accepts_the_recompressed_copy_in_place_of_its_store(tmp_path: Path, capsys) -> None:
+    from prep.cli import main as prep_main
+    from prep.dataset import PreparedDataset
+    from train.cli import main as train_main
+
+    prepared = tmp_path / "prepared"
+    assert prep_main(["synthetic", "--out", str(prepared), "--num-images", "48", "--image-size", "32",
+                      "--captions-per-image", "2", "-q"]) == 0
+    n = len(PreparedDataset.load(prepared).images)
+    store = FeatureStore.create(tmp_path / "r.zarr", np.arange(n), {"regions": (8, 1024), "counts": ()}, 16,
+                                config={"kind": "regions"}, provenance={}, dtypes={"counts": "int32"})
+    rng = np.random.default_rng(0)
+    for block in range(store.n_blocks):  # 32 KiB rows: one chunk per row
+        start, stop = store.block_rows(block)
+        rows = {"regions": rng.standard_normal((stop - start, 8, 1024)).astype(np.float32),
+                "counts": np.full(stop - start, 8, np.int32)}
+        store.write_block(block, rows, np.ones(stop - start, bool), [])
+    store.set_attrs(complete=True)
+    run = tmp_path / "run"
+    assert train_main(["clmr", "--data", str(prepared), "--features", f"{store.path}:regions", "--d", "16",
+                       "--batch-size", "8", "--epochs", "1", "--device", "cpu", "--val-images", "4",
+                       "--out", str(run)]) == 0
+    assert train_main(["evaluate", "--run", str(run), "--device", "cpu"]) == 0
+    before = json.loads((run / "eval" / "test_best.json").read_text())
+    assert main(["recompress", str(store.path), "--codec", "lz4", "--out", str(tmp_path / "l.zarr")]) == 0
+    store.path.rename(tmp_path / "zstd.zarr")
+    (tmp_path / "l.zarr").rename(store.path)  # the copy where the run's config says its store is
+    capsys.readouterr()
+    assert train_main(["evaluate", "--run", str(run), "--device", "cpu", "--overwrite"]) == 0
+    assert FeatureStore(store.path).attrs["codec"] == "lz4"
+    assert json.loads((run / "eval" / "test_best.json").read_text()) == before
