@@ -64,8 +64,9 @@ from gpu_check_data import (  # noqa: E402
 from features.backbones import load_backbone  # noqa: E402
 from features.crops import normalization_table, pixel_crops, resized_pixels  # noqa: E402
 from features.mapper import ImageMapper  # noqa: E402
+from features.recompress import recompress_store  # noqa: E402
 from features.rows import open_rows  # noqa: E402
-from train.engine.data import batch_loader  # noqa: E402
+from train.engine.data import ImageRows, batch_loader  # noqa: E402
 from train.engine.inference import autocast, batch_to  # noqa: E402
 from train.engine.trainer import Trainer  # noqa: E402
 from train.models.family import build_objective, model_spec, train_settings, with_family_defaults  # noqa: E402
@@ -79,6 +80,8 @@ FEATURES = {"chain": ((4096,), "float32"), "oecc": ((4096,), "float32"), "seam":
             "vse": ((12416,), "int8"), "clmr": ((49, 1280), "float16"), "liwe": ((49, 1280), "float16")}
 #: ``--dry``: small features and models (the same code paths, a fraction of the work)
 DRY_FEATURES = {"chain": (64,), "oecc": (64,), "seam": (64,), "vse": (64,), "clmr": (4, 32), "liwe": (4, 32)}
+#: ``--dry``'s loader rows: 16 x 1,024 float16 = 32 KiB, stored one chunk per row as real region rows are
+DRY_LOADER_ROWS = (16, 1024)
 DRY_SETTINGS = {"chain": {"p": 0.125}, "oecc": {"arch": "A"}, "seam": {"gru_units": 16},
                 "vse": {"word_dim": 16}, "liwe": {"layers": [16, 16]}}
 STAGES = ("extraction", "steps", "evaluation", "loader")
@@ -328,15 +331,17 @@ def evaluation(check: Check, record: dict[str, Any]) -> None:
 def loader(check: Check, record: dict[str, Any]) -> None:
     """Batches read from a region store per batch and moved to the device, with 0, 2, 4 and 8 worker
     processes (``--dry``: 0 and 1): seconds to the first batch (the workers' start) and captions/s after
-    it; then clmr's float32 step fed by that loader, against its step on batches already in memory
-    (``steps.clmr``): whether the data path keeps the device busy."""
+    it; the same with the store's ``features recompress --codec lz4`` copy (``lz4_workers_N``: fewest and
+    most workers); then clmr's float32 step fed by that loader, against its step on batches already in
+    memory (``steps.clmr``): whether the data path keeps the device busy."""
     rng = np.random.default_rng(3)
     n, batch = check.sizes["loader_rows"], check.sizes["batch"]
     pin = check.device.type == "cuda"
     with tempfile.TemporaryDirectory() as folder:
         t0 = time.perf_counter()
-        shape = DRY_FEATURES["clmr"] if check.args.dry else FEATURES["clmr"][0]
-        rows, _ = open_rows(region_store(Path(folder) / "regions.zarr", n, shape, rng))
+        shape = DRY_LOADER_ROWS if check.args.dry else FEATURES["clmr"][0]
+        store = region_store(Path(folder) / "regions.zarr", n, shape, rng)
+        rows, _ = open_rows(store)
         record["store_write_s"] = round(time.perf_counter() - t0, 2)
         counts = torch.full((n,), shape[0], dtype=torch.int64)
         data = caption_set(rows, codec_of("words", DRY_WORDS if check.args.dry else WORDS), n, rng, counts)
@@ -362,6 +367,14 @@ def loader(check: Check, record: dict[str, Any]) -> None:
 
         for workers in check.sizes["loader_workers"]:
             record[f"workers_{workers}"] = feed(workers, lambda b: batch_to(b, check.device))
+        t0 = time.perf_counter()
+        recompress_store(store.split(":")[0], Path(folder) / "lz4.zarr", "lz4")
+        record["lz4_recompress_s"] = round(time.perf_counter() - t0, 2)
+        zstd_images, data.images = data.images, ImageRows(open_rows(f"{folder}/lz4.zarr:regions")[0],
+                                                          np.arange(n), counts)
+        for workers in sorted({min(check.sizes["loader_workers"]), max(check.sizes["loader_workers"])}):
+            record[f"lz4_workers_{workers}"] = feed(workers, lambda b: batch_to(b, check.device))
+        data.images = zstd_images
         s = family_settings(check, "clmr", check.device, False)
         torch.manual_seed(0)
         model = build_model(s, data.codec.vocab_size, shape, model_spec(s))
