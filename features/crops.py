@@ -68,10 +68,15 @@ def resize_shorter_side(img: Image.Image, size: int, interpolation: str = "bilin
     return img.resize((new_w, new_h), _PIL_INTERPOLATION[interpolation])
 
 
+def rgb_pixels(img: Image.Image) -> torch.Tensor:
+    """``img``'s 8-bit RGB pixels ``(H, W, 3)`` uint8, on the CPU."""
+    return torch.from_numpy(np.array(img.convert("RGB")))
+
+
 def resized_pixels(img: Image.Image, resize: int, interpolation: str = "bilinear") -> torch.Tensor:
     """``img`` with its shorter side resized to ``resize`` (:func:`resize_shorter_side`) -> its 8-bit RGB
     pixels ``(H, W, 3)`` uint8, on the CPU (the host's part of the crops)."""
-    return torch.from_numpy(np.array(resize_shorter_side(img, resize, interpolation).convert("RGB")))
+    return rgb_pixels(resize_shorter_side(img, resize, interpolation))
 
 
 def normalization_table(mean: Sequence[float], std: Sequence[float], device: str | torch.device = "cpu"
@@ -95,8 +100,7 @@ def normalize_pixels(pixels: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 
 def to_normalized_tensor(img: Image.Image, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
     """8-bit RGB image -> float32 (3, H, W) tensor, scaled to 0..1 and normalised per channel."""
-    pixels = torch.from_numpy(np.array(img.convert("RGB")))
-    return normalize_pixels(pixels, normalization_table(mean, std))
+    return normalize_pixels(rgb_pixels(img), normalization_table(mean, std))
 
 
 def pixel_crops(pixels: torch.Tensor, table: torch.Tensor, size: int, crops: int = 10) -> torch.Tensor:

@@ -70,7 +70,7 @@ from PIL import Image
 from torch import nn
 
 from features.backbones import Backbone, VGGFc7, load_backbone
-from features.crops import normalization_table, normalize_pixels
+from features.crops import normalization_table, normalize_pixels, rgb_pixels
 from features.mapper import (
     PreparedImage,
     check_extractor_config,
@@ -238,7 +238,7 @@ class GridRegionMapper:
         b = self.backbone
         size = b.input_size
         resized = img.convert("RGB").resize((size, size), Image.Resampling[b.interpolation.upper()])
-        return PreparedImage(torch.from_numpy(np.array(resized)), img.size, self.recipe)
+        return PreparedImage(rgb_pixels(resized), img.size, self.recipe)
 
     def __call__(self, images: list[Image.Image | PreparedImage]) -> dict[str, np.ndarray]:
         """RGB PIL images (or their :meth:`prepare`) -> ``{regions (B, k, D), boxes (B, k, 4), counts (B,),
@@ -439,7 +439,7 @@ class DetectorRegionMapper:
         short = math.ceil(max(img.size) * MIN_SIDE / int(m.transform.max_size))
         view = img if min(img.size) >= short else img.resize(
             (max(img.width, short), max(img.height, short)), Image.Resampling.BILINEAR)
-        pixels = torch.from_numpy(np.array(view.convert("RGB"))).to(self.device)
+        pixels = rgb_pixels(view).to(self.device)
         x = normalize_pixels(pixels, self._unit_table)
         with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.amp):
             batch, _ = m.transform([x])

@@ -65,7 +65,7 @@ class ShardRows:
         self.dtype = np.dtype(array.zarr.dtype).newbyteorder("<")
         self.fill = array.zarr.fill_value
         #: the inner chunks' decompressor (:data:`features.codec_bounds.DECODERS`)
-        self.decode = next(f for kind, f in DECODERS.items() if isinstance(_inner_compressor(array), kind))
+        self.decode = _decoder(array)
         self._index: dict[int, np.ndarray] = {}
         self._paths: dict[int, str] = {}
 
@@ -80,7 +80,7 @@ class ShardRows:
         return (shard.index_location == ShardingCodecIndexLocation.end
                 and tuple(shard.chunk_shape) == (1, *array.zarr.shape[1:])
                 and len(inner) == 2 and isinstance(inner[0], BytesCodec)
-                and _inner_compressor(array) is not None
+                and _decoder(array) is not None
                 and inner[0].endian in (Endian.little, None)
                 and len(index) == 2 and isinstance(index[0], BytesCodec) and isinstance(index[1], Crc32cCodec)
                 and index[0].endian in (Endian.little, None))
@@ -154,12 +154,12 @@ class ShardRows:
                 os.close(fd)
 
 
-def _inner_compressor(array: StoreArray) -> Any:
-    """The compressor of a sharded array's inner chunks when it is one :data:`DECODERS` has, else None."""
+def _decoder(array: StoreArray) -> Any:
+    """The decompressor (:data:`DECODERS`) of a sharded array's inner chunks, None for another compressor."""
     codecs = array.zarr.metadata.codecs
     inner = list(codecs[0].codecs) if len(codecs) == 1 and isinstance(codecs[0], ShardingCodec) else []
-    found = inner[-1] if len(inner) == 2 else None
-    return found if any(isinstance(found, kind) for kind in DECODERS) else None
+    compressor = inner[1] if len(inner) == 2 else None
+    return next((decode for kind, decode in DECODERS.items() if isinstance(compressor, kind)), None)
 
 
 def read_threads() -> int:
