@@ -59,8 +59,10 @@ TRAIN_EVAL_TESTS := tests/test_trainer.py tests/test_rundir.py tests/test_checkp
 # torch.compile's on-disk cache does not tell kernel sets apart: a kernel compiled for AVX-512, loaded by a
 # process under ATEN_CPU_CAPABILITY=avx2, computed wrong order-violation scores (tests/test_order_kernel.py,
 # one thread). The evaluator keys its own folder by kernel set (vsecore.inductor_cache); these folders
-# keep the test runs and the demo out of the user's cache as well.
-INDUCTOR_CACHE = $${TMPDIR:-/tmp}/torchinductor-$$(id -u)
+# keep the test runs and the demo out of the user's own inductor cache as well. Under the user's cache
+# home, not /tmp: compiled kernels are code, and the toolkit runs them only from folders of the user's own
+# that nobody else can write (vsecore.trusted; a predictable /tmp name another user made first is refused).
+INDUCTOR_CACHE = $${XDG_CACHE_HOME:-$$HOME/.cache}/vse-toolkit/make-inductor
 
 # the suite under every kernel set, each to the end; fails if any set fails. First a table of which float
 # results each set changes on this CPU (tests/kernel_bits.py). Run it before every submission.
@@ -80,7 +82,7 @@ test-kernels: $(STAMP)
 # Fails in one line on the first CUDA error; the numbers go to $(GPU_CHECK_JSON)
 GPU_CHECK_JSON ?= gpu_check.json
 gpu-check: $(STAMP)
-	$(VENV)/bin/python bench/gpu_check.py --device cuda --json $(GPU_CHECK_JSON)
+	$(VENV)/bin/python bench/gpu_check.py --device cuda --json $(GPU_CHECK_JSON) --overwrite
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -11,7 +11,10 @@ same rounding and the compilation is paid only when the whole evaluation amortis
 (``compile_min_work``) or was paid already. Without a working compiler, after an inductor error, or
 with ``VSE_NO_COMPILE=1``, the compiled path falls back to the blocked kernel with one
 ``RuntimeWarning`` and never raises. It compiles into an inductor cache folder of the process's kernel set
-(:mod:`vsecore.inductor_cache`): a kernel another set compiled is never loaded.
+(:mod:`vsecore.inductor_cache`): a kernel another set compiled is never loaded. A compiled kernel is code,
+so that folder must pass :mod:`vsecore.trusted`'s check (else the blocked kernel, with the warning naming
+the folder and why) and every compilation verifies its content first (:func:`vsecore.trusted.verified_cache`):
+a file changed since the toolkit compiled it is never loaded.
 
 Evaluations given no kernel share :meth:`OrderKernel.shared` (one per process), so ``train evaluate``,
 its analyses and the trainer's validations compile at most once; tests and benchmarks make their own.
@@ -19,6 +22,7 @@ its analyses and the trainer's validations compile at most once; tests and bench
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
@@ -37,6 +41,7 @@ from train.engine.similarity import (
 )
 from vsecore.errors import UserError
 from vsecore.inductor_cache import use_kernel_set_cache
+from vsecore.trusted import UntrustedFolderError, verified_cache
 
 #: ``order_kernel`` values: ``auto`` (by the evaluation's work), or one kernel for every tile
 ORDER_KERNELS = ("auto", "eager", "blocked", "compiled")
@@ -53,6 +58,10 @@ COMPILE_SECONDS_ESTIMATE = 20
 
 #: inductor changes its accumulator for reductions longer than this, so d above it compiles another kernel
 _LONG_REDUCTION = 4096
+
+
+def _untrusted(exc: UntrustedFolderError) -> str:
+    return f"order_violation: not compiling: {exc}; using the blocked eager kernel"
 
 
 @dataclass(frozen=True)
@@ -92,6 +101,7 @@ class OrderKernel:
         self._compiled: SquaredViolation | None = None
         self._ready: set[bool] = set()  # d ranges (d > _LONG_REDUCTION) the compiled kernel has run for
         self._fallback: str | None = None  # why the compiled path uses the blocked kernel
+        self._folder: str | None = None  # the checked inductor cache folder it compiles into
 
     @classmethod
     def shared(cls) -> OrderKernel:
@@ -151,7 +161,7 @@ class OrderKernel:
             self._backend = self._compile()
         if self._backend == "compiled":
             try:
-                with torch.no_grad():
+                with torch.no_grad(), self._holding_cache(d):
                     # dynamic shapes specialise size 1, which would compile another kernel: a single
                     # row is computed as two equal rows (the same bits as in any other block)
                     im = images.expand(2, d) if n == 1 else images
@@ -159,6 +169,8 @@ class OrderKernel:
                     out = self._compiled(im.contiguous(), cap.contiguous())
                 self._ready.add(d > _LONG_REDUCTION)
                 return out[:n, :m]
+            except UntrustedFolderError as exc:  # the folder changed since _compile checked it
+                self._backend = self._fall_back(_untrusted(exc), 3)
             except Exception as exc:  # any inductor / compiler failure: fall back, once, never crash
                 # the first line of an inductor error is often only "backend='inductor' raised:"
                 first = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())[:200]
@@ -167,16 +179,25 @@ class OrderKernel:
                     "using the blocked eager kernel", 3)
         return squared_violation_blocked(images, captions)
 
+    def _holding_cache(self, dim: int) -> contextlib.AbstractContextManager:
+        """A call that may compile (a range of d not run yet) holds the cache folder, verified first (a
+        planted or altered file is never loaded) and recorded after; the others touch no file."""
+        if self.ready(dim) or self._folder is None:
+            return contextlib.nullcontext()
+        return verified_cache(self._folder, "compiled order-violation kernels")
+
     def _compile(self) -> str:
         if os.environ.get("VSE_NO_COMPILE", "") not in ("", "0"):
             return self._fall_back("order_violation: VSE_NO_COMPILE is set; using the blocked eager kernel",
                                    4)
         try:
             # inductor's disk cache does not tell kernel sets apart: compile into this set's own folder
-            use_kernel_set_cache()
+            self._folder = use_kernel_set_cache()
             # one kernel for every block shape (d <= 4096 and d > 4096 compile one each, since
             # inductor changes its accumulator for long reductions); fullgraph: fail here, not silently
             self._compiled = torch.compile(squared_violation_expr, dynamic=True, fullgraph=True)
+        except UntrustedFolderError as exc:
+            return self._fall_back(_untrusted(exc), 4)
         except Exception as exc:  # e.g. a Python version torch.compile does not support
             return self._fall_back(
                 f"order_violation: torch.compile unavailable ({type(exc).__name__}: {exc}); "
