@@ -418,3 +418,65 @@ def test_a_checkpoint_position_past_its_epoch_is_one_line(tiny_chain_run, tmp_pa
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "position (batch 1000000) is past the" in err, err
     assert metrics_without_timings(run) == before
+
+
+# -- a run starts in one step (issue 41, item 9) ---------------------------------------------------------
+def test_a_run_starts_with_its_marker_and_config_in_one_step(trained, tmp_path, monkeypatch) -> None:
+    """Nothing is written into --out before the run starts; then its marker and config.json appear in one
+    rename (of ``.NAME.start-PID``), over an absent or empty folder (whose permissions stay), or in place
+    where the folder cannot be replaced (the working directory). ``--overwrite`` clears the old marker too;
+    a start killed before its rename leaves its folder beside the run, removed by the next start unless it
+    holds a file train did not write."""
+    from train.run.layout import RunDir
+
+    config = {"settings": {}, "task": "x"}
+    for case in ("absent", "empty", "working directory", "overwrite"):
+        out = tmp_path / case.replace(" ", "-")
+        if case == "overwrite":
+            copy_run(trained, out)
+        elif case != "absent":
+            out.mkdir(mode=0o750)
+        run = RunDir(out)
+        run.prepare(resume=False, overwrite=case == "overwrite")
+        assert not out.exists() if case == "absent" else not any(out.iterdir()), case
+        if case == "working directory":
+            monkeypatch.chdir(out)
+        run.write_config(config)
+        monkeypatch.chdir(tmp_path)
+        assert run.has_started() and json.loads(run.config.read_text()) == config, case
+        assert sorted(p.name for p in out.iterdir()) == [".vse-run", "config.json"], case
+        if case == "empty":
+            assert out.stat().st_mode & 0o777 == 0o750
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["absent", "empty", "overwrite", "working-directory"]
+    killed, kept = tmp_path / ".new.start-1", tmp_path / ".new.start-2"
+    for folder in (killed, kept):
+        folder.mkdir()
+        (folder / ".vse-run").write_text("")
+        (folder / ".config.json.host-1.x.tmp").write_text("{")
+    (kept / "notes.txt").write_text("mine")
+    RunDir(tmp_path / "new").prepare(resume=False, overwrite=False)
+    assert not killed.exists() and (kept / "notes.txt").is_file()
+
+
+def test_a_run_stopped_in_its_data_load_is_no_run(data, trained, tmp_path, monkeypatch, capsys) -> None:
+    """Stopped while it loads its data (before, it had written its marker, and config.json only after the
+    load: --resume then said "no run at R (no config.json)"), a new run leaves no folder and an --overwrite
+    an empty one: ``--resume`` says there is no run and the same command starts it."""
+    prepared, features = data
+    common = ["chain", "--data", str(prepared), "--features", features, *TINY, "--epochs", "1"]
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    new, old = tmp_path / "new", copy_run(trained, tmp_path / "old")
+    for run, extra in ((new, []), (old, ["--overwrite"])):
+        monkeypatch.setattr(fit, "_load_data", stopped)
+        assert train_cli([*common, "--out", str(run), *extra]) == 130
+        monkeypatch.undo()
+        assert not run.exists() if run == new else list(run.iterdir()) == []
+        capsys.readouterr()
+        assert train_cli(["chain", "--out", str(run), "--resume"]) == 2
+        assert one_line_error(capsys) == f"train: error: no run at {run} to resume; drop --resume to start " \
+            "one"
+        assert train_cli([*common, "--out", str(run)]) == 0
+        assert (run / ".vse-run").is_file() and (run / "checkpoints" / "last.pt").is_file()

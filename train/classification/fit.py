@@ -46,6 +46,7 @@ from train.run.config import (
     RESUMABLE_CHANGES,
     prepare_run_dir,
     read_config,
+    run_log,
     write_config,
 )
 from train.run.layout import RunDir
@@ -144,19 +145,22 @@ def run_classification(settings: ClassifySection, resume: bool = False, overwrit
     if dry_run:
         dry_run_report(settings, vocab_size, num_classes)
         return run_dir
+    run = RunDir(run_dir)
+    if resume:  # --resume where no run started says so, before asking for the data a new one needs
+        run.check(resume, overwrite)
     if not settings.data:
         raise UserError("--data is required (give it or use --pipeline)")
     resolve_device(settings.device)
     with exclusive_lock(run_dir, "the run directory"):
         prepare_run_dir(run_dir, resume=resume, overwrite=overwrite)
-        run = RunDir(run_dir)
         # a stop anywhere (data load, training, the final test evaluation) says what the run kept
-        with console.log_file(run.log), resume_hint(run.kept):
-            _train(settings, run_dir, resume, log)
+        with run_log(run_dir) as started, resume_hint(run.kept):
+            _train(settings, run_dir, resume, log, started)
     return run_dir
 
 
-def _train(settings: ClassifySection, run_dir: Path, resume: bool, log: Callable[[str], None]) -> None:
+def _train(settings: ClassifySection, run_dir: Path, resume: bool, log: Callable[[str], None],
+           started: Callable[[], None]) -> None:
     import random
 
     remove_stale_temporaries(RunDir(run_dir).checkpoints)
@@ -178,7 +182,8 @@ def _train(settings: ClassifySection, run_dir: Path, resume: bool, log: Callable
     if resume:
         _check_resumable(run_dir, config)
         trainer.resume(log)
-    write_config(run_dir, config)
+    write_config(run_dir, config)  # starts a new run (its marker and config.json in one step)
+    started()
     p = config["parameters"]
     log(f"classify {settings.encoder}: {len(sets['train']):,} train / {len(sets['val']):,} val texts of "
         f"{dataset.name}, {len(dataset.labels)} classes, {codec.kind} input ({codec.vocab_size:,} symbols), "

@@ -24,8 +24,13 @@ state at the start of the epoch is kept; a checkpoint stores it with the index o
 the epoch's running sums and every global random state. A run killed anywhere (SIGKILL included)
 and resumed from its newest checkpoint regenerates the same batch list, skips the batches already
 done and continues with the same generator states, so on CPU it ends with the same weights and
-metrics as a run that was never interrupted. ``metrics.jsonl`` is rewritten from the history kept
-inside the checkpoint, so it never holds an epoch the checkpoint does not know about.
+metrics as a run that was never interrupted. Only the training steps move the global generators: the
+validation, the checkpoint, metrics, curve and TensorBoard writes run with their states kept
+(:func:`train.run.checkpoint.rng_states_kept`), and a resumed run puts the checkpoint's states back
+when its first step is about to run, after its own set-up, so what a library draws there (on its first
+use in the new process) cannot make the resumed run's generators, and its checkpoints, differ.
+``metrics.jsonl`` is rewritten from the history kept inside the checkpoint, so it never holds an epoch
+the checkpoint does not know about.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from train.run.checkpoint import (
     newest_checkpoint,
     restore_rng_states,
     rng_states,
+    rng_states_kept,
     save_checkpoint,
 )
 from train.run.layout import BEST, CURVES, LAST, TENSORBOARD, RunDir
@@ -115,6 +121,8 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.finished = False
         self.phase_start_epoch = 0  # epochs completed when the objective's current phase began
+        #: the generator states of the checkpoint resumed from, put back when the next step is about to run
+        self._resumed_rng: dict[str, Any] | None = None
         self._tb_writer: Any = None  # None: not tried yet; False: TensorBoard is not installed
 
     def _make_scheduler(self) -> Any:
@@ -143,11 +151,13 @@ class Trainer:
         return self.phase_epochs < self.settings.epochs and self.bad_epochs < self.settings.early_stop
 
     def _next_phase(self) -> None:
-        """Reload the best weights, advance the objective, fresh Adam and schedule (see module doc)."""
+        """Reload the best weights, advance the objective, fresh Adam and schedule (see module doc); the
+        global generators kept (a resume from ``best.pt`` switches phase too, in another process)."""
         best = self.checkpoint_dir / BEST
         source = "the last weights (no best checkpoint)"
         if best.is_file():
-            state = load_checkpoint(best, map_location="cpu")
+            with rng_states_kept():
+                state = load_checkpoint(best, map_location="cpu")
             self.model.load_state_dict(state["model"])
             source = f"the best checkpoint (epoch {state['epoch']}, val rsum {state['best_rsum']:.2f})"
         objective = self.objective
@@ -221,7 +231,8 @@ class Trainer:
         if path.name == BEST:  # best.pt is newer only when its epoch's last.pt was never written
             self.save(LAST)
         if self.history:
-            self._plot_curves()
+            with rng_states_kept():
+                self._plot_curves()
         return path
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -242,11 +253,15 @@ class Trainer:
         self.finished = bool(state["finished"])
         self.phase_start_epoch = int(state.get("phase_start_epoch", 0))
         restore_rng_states(state["rng"])
-        self.write_metrics()
+        self._resumed_rng = state["rng"]
+        with rng_states_kept():
+            self.write_metrics()
 
     def save(self, name: str) -> None:
-        """Write the current state to ``checkpoints/<name>`` atomically."""
-        save_checkpoint(self.checkpoint_dir / name, self.state())
+        """Write the current state to ``checkpoints/<name>`` atomically (the global generators kept)."""
+        state = self.state()
+        with rng_states_kept():
+            save_checkpoint(self.checkpoint_dir / name, state)
 
     def metrics_record(self, record: dict[str, Any]) -> dict[str, Any]:
         """An epoch's history record as its line of ``metrics.jsonl`` (a task may rename its keys)."""
@@ -268,6 +283,10 @@ class Trainer:
         kept: re-run with --resume``, :meth:`train.run.layout.RunDir.kept`) in its one-line message, for
         every task that trains with this loop."""
         s = self.settings
+        if self._resumed_rng is not None:
+            # the resume's own work since (curves, config, log lines) must not shift the first step's draws
+            restore_rng_states(self._resumed_rng)
+            self._resumed_rng = None
         with resume_hint(RunDir(self.run_dir).kept):
             while not self.finished and self.phase_epochs < s.epochs:
                 self._train_epoch()
@@ -381,7 +400,8 @@ class Trainer:
     def _end_epoch(self) -> None:
         s = self.settings
         t0 = time.perf_counter()
-        rsum, metrics = self.validate()
+        with rng_states_kept():
+            rsum, metrics = self.validate()
         val_time = time.perf_counter() - t0
         lr = self.optimizer.param_groups[0]["lr"]
         improved = rsum > self.best_rsum
@@ -426,9 +446,10 @@ class Trainer:
         if next_phase:
             self._next_phase()
         self.save(LAST)
-        self.write_metrics()
-        self._plot_curves()
-        self._tensorboard(record)
+        with rng_states_kept():
+            self.write_metrics()
+            self._plot_curves()
+            self._tensorboard(record)
         note = " (best)" if improved else f" ({self.bad_epochs} without improvement)"
         if self.finished and self.bad_epochs >= s.early_stop:
             note += f"; early stop after {s.early_stop} epochs without improvement"

@@ -68,6 +68,7 @@ from train.run.config import (
     file_stats,
     prepare_run_dir,
     read_config,
+    run_log,
     store_path,
     write_config,
 )
@@ -137,8 +138,8 @@ def run_training(settings: TrainSection, resume: bool = False, overwrite: bool =
     run.check(resume, overwrite, inputs)  # before the lock: its file is a sibling of --out
     with exclusive_lock(run_dir, "the run directory"):
         prepare_run_dir(run_dir, resume=resume, overwrite=overwrite, inputs=inputs)
-        with console.log_file(run.log), resume_hint(run.kept):
-            _train(settings, spec, run_dir, resume, log, dataset)
+        with run_log(run_dir) as started, resume_hint(run.kept):
+            _train(settings, spec, run_dir, resume, log, dataset, started)
     return run_dir
 
 
@@ -175,9 +176,10 @@ def dataset_name(data: str | None) -> str | None:
 
 
 def _train(settings: TrainSection, spec: ModelSpec, run_dir: Path, resume: bool,
-           log: Callable[[str], None], dataset: PreparedDataset | None) -> None:
-    """:func:`run_training` once the run directory is locked and prepared (messages also in train.log);
-    ``dataset`` is the prepared dataset if already read (None: read here, its error raised here)."""
+           log: Callable[[str], None], dataset: PreparedDataset | None, started: Callable[[], None]) -> None:
+    """:func:`run_training` once the run directory is locked and prepared (messages also in train.log, from
+    ``started()`` on, called once a new run has started); ``dataset`` is the prepared dataset if already
+    read (None: read here, its error raised here)."""
     remove_stale_temporaries(RunDir(run_dir).checkpoints)
     device = resolve_device(settings.device)
     dataset = dataset if dataset is not None else PreparedDataset.load(settings.data)
@@ -196,7 +198,8 @@ def _train(settings: TrainSection, spec: ModelSpec, run_dir: Path, resume: bool,
             config["fingerprints"].pop("features_layout")  # a run from before it was recorded resumes
         check_same_config(run_dir, config)
         trainer.resume(log)
-    write_config(run_dir, config)  # on resume: records the new device / epochs / checkpoint_every
+    write_config(run_dir, config)  # starts a new run; on resume: records the new device / epochs / ...
+    started()
     log(f"{settings.family}: {len(train_set):,} train captions ({train_set.lang}) of "
         f"{train_set.num_images:,} images, {len(val_set):,} val captions of {val_set.num_images:,} images, "
         f"on {device}")

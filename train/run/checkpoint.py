@@ -87,6 +87,23 @@ def restore_rng_states(states: Mapping[str, Any]) -> None:
     random.setstate((int(p["version"]), tuple(int(v) for v in p["state"].tolist()), p["gauss_next"]))
 
 
+@contextlib.contextmanager
+def rng_states_kept() -> Iterator[None]:
+    """Run a block that is no training step with the global generators put back as they were after it.
+
+    The trainer runs its validation, checkpoint and metrics writes, curves and TensorBoard records inside
+    this block: whatever a library draws there from torch's, numpy's or Python's global generator (on its
+    first use in a process, say) then moves no generator a checkpoint records. A run resumed in a new
+    process, which does that first use at another point than the run it continues, so ends with the
+    states of a run never stopped.
+    """
+    saved = rng_states()
+    try:
+        yield
+    finally:
+        restore_rng_states(saved)
+
+
 def _plain_rng(legacy: Mapping[str, Any]) -> dict[str, Any]:
     """A format-1 ``rng`` entry (numpy's and Python's own tuples) in the form of :func:`rng_states`."""
     _, keys, pos, has_gauss, cached = legacy["numpy"]

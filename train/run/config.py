@@ -7,11 +7,13 @@ The layout, the marker and what train may replace belong to :class:`train.run.la
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
 import os
 import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +29,9 @@ from train.models.family import families_with_key, get_family, train_settings
 from train.models.joint import build_model
 from train.run.checkpoint import MAX_PARAMETERS
 from train.run.layout import CONFIG, RunDir
+from vsecore import console
 from vsecore.errors import UserError
-from vsecore.io import MAX_TEXT_BYTES, read_text, sha256_file, write_json_atomic
+from vsecore.io import MAX_TEXT_BYTES, read_text, sha256_file
 
 #: the ``task`` of a classification run's config.json (a retrieval run has none)
 CLASSIFY_TASK = "classify"
@@ -324,10 +327,30 @@ def check_same_config(run_dir: Path, new: dict[str, Any]) -> None:
 def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool,
                     inputs: tuple[str | os.PathLike | None, ...] = ()) -> None:
     """Check (and with ``overwrite`` clear what the old run wrote in) ``run_dir`` before a run starts or
-    resumes (:meth:`train.run.layout.RunDir.prepare`)."""
+    resumes (:meth:`train.run.layout.RunDir.prepare`): a new run writes nothing there until
+    :func:`write_config` starts it."""
     RunDir(run_dir).prepare(resume=resume, overwrite=overwrite, inputs=inputs)
 
 
 def write_config(run_dir: Path, config: dict[str, Any]) -> None:
-    """Write ``config.json`` atomically."""
-    write_json_atomic(run_dir / CONFIG, config)
+    """Write ``config.json`` atomically; a new run's first write starts it, with its marker, in one step
+    (:meth:`train.run.layout.RunDir.write_config`)."""
+    RunDir(run_dir).write_config(config)
+
+
+@contextlib.contextmanager
+def run_log(run_dir: Path) -> Iterator[Callable[[], None]]:
+    """Append every message to the run's ``train.log`` while the context is open, from the moment the run
+    has started: at once for a run that resumes, and for a new one from the call of the yielded function,
+    right after :func:`write_config` started it (before, a ``train.log`` would be a file in a folder that is
+    no run yet: the data load's messages reach the terminal only)."""
+    run = RunDir(run_dir)
+    opened: list[Path] = []
+    with contextlib.ExitStack() as stack:
+        def start() -> None:
+            if not opened:
+                opened.append(stack.enter_context(console.log_file(run.log)))
+
+        if run.has_started():
+            start()
+        yield start

@@ -2,7 +2,7 @@
 
 A run directory holds::
 
-    .vse-run               the marker (vsecore.outputs.RUN_MARKER), written when a run starts
+    .vse-run               the marker (vsecore.outputs.RUN_MARKER), written with config.json when a run starts
     config.json            resolved settings, sizes, fingerprints of the inputs, code version
     checkpoints/best.pt    the best validation rsum so far (complete training state)
     checkpoints/last.pt    the newest state: end of an epoch, or mid-epoch every checkpoint_every steps
@@ -21,6 +21,11 @@ by, ``config.json``, ``checkpoints/``, ``best.pt`` and ``last.pt``, which it tak
 did not write, and applies the ``--out`` rule of a training run (:meth:`RunDir.prepare`) and of a
 command writing into a run's ``eval/`` (:meth:`RunDir.check_eval_output`). ``docs/safety.md`` states
 the rules.
+
+A run starts in one step (:meth:`RunDir.write_config`): its marker and ``config.json`` are made in a
+hidden sibling folder and renamed to ``--out``, so a run killed at any instant leaves either no run (no
+folder, or the empty one it was given) or a run with both; never a marker without ``config.json``,
+which ``--resume`` could not continue (it takes the run's settings from that file).
 """
 
 from __future__ import annotations
@@ -28,11 +33,15 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from vsecore.errors import UserError
+from vsecore.io import write_json_atomic
 from vsecore.outputs import (
     RUN,
     RUN_BEST,
@@ -72,6 +81,12 @@ _CHECKPOINT_FILES = RUN_CHECKPOINT_FILES
 _EVAL_FILE = re.compile(r"test\.json|compare_test\.json|(train|val|test)_(best|last)(_[\w.-]+)?\.json"
                         r"|noise_(train|val|test)\.(json|png)|length_(train|val|test)\.json")
 _TENSORBOARD_FILE = re.compile(r"events\.out\.tfevents\..+")
+#: the text of the marker
+_MARKER_TEXT = "a run directory written by `train`: --overwrite replaces only the files train writes here\n"
+#: the hidden sibling a run's first files are made in (:meth:`RunDir.write_config`): ``.<name>.start-<pid>``
+_STARTING = re.compile(r"\.(?P<name>.+)\.start-\d+")
+#: what that folder holds: the marker, config.json, or config.json's temporary (killed while writing it)
+_STARTED_FILE = re.compile(rf"{re.escape(RUN_MARKER)}|{re.escape(CONFIG)}|\.{re.escape(CONFIG)}\..+\.tmp")
 
 
 def evaluation_name(split: str, checkpoint: str, lang: str | None = None) -> str:
@@ -255,13 +270,17 @@ class RunDir:
                             "move it away or give another --out (--overwrite replaces only a whole run)")
 
     def prepare(self, resume: bool, overwrite: bool, inputs: Iterable[str | os.PathLike | None] = ()) -> None:
-        """:meth:`check`, then (starting over) remove what the old run wrote and nothing else; create the
-        folder and write the marker. Call it holding the run directory's lock."""
+        """:meth:`check`, then for a run that resumes write the marker (a run from before markers gets one);
+        for a new one remove what an old run wrote (``--overwrite``: its marker too) and nothing else, and
+        write nothing: the run starts when :meth:`write_config` writes its marker and ``config.json`` in one
+        step. Call it holding the run directory's lock."""
         self.check(resume, overwrite, inputs)
-        if not resume and self.path.is_dir():
+        if resume:
+            self.mark()
+            return
+        if self.path.is_dir():
             self.clear()
-        self.path.mkdir(parents=True, exist_ok=True)
-        self.mark()
+        self._remove_starts()
 
     def _describe(self) -> str:
         there = [f"{CHECKPOINTS}/{n}" for n in (LAST, BEST) if self.checkpoint(n).is_file()]
@@ -271,11 +290,53 @@ class RunDir:
     def mark(self) -> None:
         """Write the marker (a run written before markers existed gets one when it resumes)."""
         if not self.marker.is_file():
-            self.marker.write_text("a run directory written by `train`: --overwrite replaces only the files "
-                                   "train writes here\n", encoding="utf-8")
+            self.marker.write_text(_MARKER_TEXT, encoding="utf-8")
+
+    def has_started(self) -> bool:
+        """Whether the run has started: its marker is there (then ``train.log`` and the checkpoints may be
+        written)."""
+        return self.marker.is_file()
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        """Write ``config.json`` atomically; the first write starts the run (:meth:`has_started`).
+
+        A run starts in one step: the marker and ``config.json`` are written into the hidden sibling
+        ``.<name>.start-<pid>``, which is then renamed to the run's folder (over the empty one
+        :meth:`prepare` left, if any), so no instant shows the marker without ``config.json``. A folder
+        that cannot be replaced so (a mount point, the working directory) gets both in place, marker first.
+        """
+        if self.has_started():
+            write_json_atomic(self.config, config)
+            return
+        target = _resolved(self.path)
+        staging = target.with_name(f".{target.name}.start-{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        try:
+            (staging / RUN_MARKER).write_text(_MARKER_TEXT, encoding="utf-8")
+            write_json_atomic(staging / CONFIG, config)
+            if not _replaceable(target) or not _renamed(staging, target):
+                self.path.mkdir(parents=True, exist_ok=True)
+                self.mark()
+                write_json_atomic(self.config, config)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _remove_starts(self) -> None:
+        """Remove the ``.<name>.start-<pid>`` siblings of starts killed before their rename (the lock held:
+        no other start of this run is under way); only those holding nothing but the marker and config.json
+        (or its temporary)."""
+        target = _resolved(self.path)
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(target.parent):
+                found = _STARTING.fullmatch(entry.name)
+                if (found and found["name"] == target.name and entry.is_dir(follow_symlinks=False)
+                        and all(_STARTED_FILE.fullmatch(e.name) for e in os.scandir(entry.path))):
+                    shutil.rmtree(entry.path, ignore_errors=True)
 
     def clear(self) -> None:
-        """Remove the files train writes (and the folders they leave empty); keep everything else."""
+        """Remove the files train writes, the marker included (the new run writes its own when it starts),
+        and the folders they leave empty; keep everything else."""
         for name, written in ((CHECKPOINTS, _CHECKPOINT_FILES), (EVAL, _EVAL_FILE),
                               (TENSORBOARD, _TENSORBOARD_FILE)):
             folder = self.path / name
@@ -287,10 +348,11 @@ class RunDir:
                         os.unlink(entry.path)
             with contextlib.suppress(OSError):
                 folder.rmdir()
-        for entry in os.scandir(self.path):
-            if entry.name != RUN_MARKER and is_written_file(entry, _TOP_FILES):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
+        # the marker goes last: a folder cleared half-way is still the run train may clear again
+        written = [e.path for e in os.scandir(self.path) if is_written_file(e, _TOP_FILES)]
+        for path in sorted(written, key=lambda p: os.path.basename(p) == RUN_MARKER):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
     def check_eval_output(self, path: str | os.PathLike, *, option: str, overwrite: bool,
                           inputs: Iterable[str | os.PathLike | None] = (), default: bool = False) -> Path:
@@ -313,3 +375,26 @@ class RunDir:
             return check_output_file(path, inputs=inputs, overwrite=overwrite or own, owner=self.path,
                                      option=option)
         return check_output_file(path, inputs=inputs, overwrite=overwrite, option=option)
+
+
+def _replaceable(target: Path) -> bool:
+    """Whether the folder a run starts in may be replaced by a rename: absent, or an empty folder that is
+    not this process's working directory (nor above it) and not a mount point."""
+    if not target.exists():
+        return True
+    cwd = _resolved(os.getcwd())
+    return (target.is_dir() and not target.is_symlink() and not any(target.iterdir())
+            and target != cwd and target not in cwd.parents and not os.path.ismount(target))
+
+
+def _renamed(staging: Path, target: Path) -> bool:
+    """Rename ``staging`` to ``target`` (replacing an empty folder, whose permissions the new one keeps);
+    False where the file system refuses (the caller then writes in place)."""
+    with contextlib.suppress(OSError):
+        if target.is_dir():
+            os.chmod(staging, stat.S_IMODE(target.stat().st_mode))
+    try:
+        os.rename(staging, target)
+    except OSError:
+        return False
+    return True
