@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
 import sys
@@ -73,6 +72,9 @@ from train.models.family import build_objective, model_spec, train_settings, wit
 from train.models.joint import build_model  # noqa: E402
 from train.retrieval.evaluate import evaluate_protocols  # noqa: E402
 from vsecore.device import resolve_device  # noqa: E402
+from vsecore.errors import UserError  # noqa: E402
+from vsecore.io import write_json_atomic  # noqa: E402
+from vsecore.outputs import check_output_file  # noqa: E402
 
 MIB = 2**20
 #: family -> the features its COCO pipeline reads: (row shape, stored dtype)
@@ -85,6 +87,8 @@ DRY_LOADER_ROWS = (16, 1024)
 DRY_SETTINGS = {"chain": {"p": 0.125}, "oecc": {"arch": "A"}, "seam": {"gru_units": 16},
                 "vse": {"word_dim": 16}, "liwe": {"layers": [16, 16]}}
 STAGES = ("extraction", "steps", "evaluation", "loader")
+#: ``--images`` at most: every synthetic image is held in memory (0.9 MB) with its resized pixels
+MAX_IMAGES = 2000
 #: the evaluation's captions: their image's embedding plus this much noise per dimension
 EVAL_NOISE = 0.08
 #: batches collated before the timed steps, which cycle through them (the step is timed, not the collation)
@@ -393,10 +397,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu (with --dry)")
     p.add_argument("--dry", action="store_true", help="tiny sizes (a few seconds of work)")
-    p.add_argument("--json", metavar="FILE", default="gpu_check.json", help="where the numbers go")
+    p.add_argument("--json", metavar="FILE", default="gpu_check.json",
+                   help="where the numbers go: a new file in an existing folder (an existing file only with "
+                        "--overwrite), checked before any work")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
     p.add_argument("--families", nargs="+", default=list(FEATURES), choices=list(FEATURES),
                    help="families to step (default: every one)")
-    p.add_argument("--images", type=int, help="images to extract (default 300; --dry 2)")
+    p.add_argument("--images", type=int, help=f"images to extract, at most {MAX_IMAGES:,} (default 300)")
     p.add_argument("--steps", type=int, help="timed steps per family and precision (default 200; --dry 2)")
     p.add_argument("--cpu-steps", type=int, help="steps on the CPU beside the device's (default 2; 0: none)")
     p.add_argument("--stages", nargs="+", default=list(STAGES), choices=list(STAGES),
@@ -405,6 +412,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="after a stage's error, run the stages after it (each error one line and in the "
                         "JSON's 'errors'; the exit status is still 1): every broken path from one call")
     return p.parse_args(argv)
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse, before any work, a count the check cannot use (``--steps -1`` "passed" at -1,471,129
+    captions/s), an output the other commands refuse (:func:`vsecore.outputs.check_output_file`), a missing
+    folder."""
+    counts = (("--images", args.images, 1, MAX_IMAGES), ("--steps", args.steps, 1, 10**6),
+              ("--cpu-steps", args.cpu_steps, 0, 10**6))
+    for option, value, low, high in counts:
+        if value is not None and not low <= value <= high:
+            raise UserError(f"{option} {value}: must be {low:,} to {high:,}")
+    check_output_file(args.json, overwrite=args.overwrite, option="--json")
+    folder = Path(args.json).parent
+    if not folder.is_dir():
+        raise UserError(f"--json {args.json}: no folder {folder}; create it or write elsewhere")
 
 
 def run_check(check: Check) -> list[str]:
@@ -431,12 +453,18 @@ def run_check(check: Check) -> list[str]:
 
 
 def write(check: Check) -> None:
+    """The JSON so far, replacing the file whole (a check killed while writing leaves the previous one)."""
     check.out["wall_s"] = round(time.perf_counter() - check.t0, 1)
-    Path(check.args.json).write_text(json.dumps(check.out, indent=1) + "\n", encoding="utf-8")
+    write_json_atomic(check.args.json, check.out)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        check_arguments(args)
+    except UserError as exc:
+        print(f"gpu_check: error: {exc}", file=sys.stderr)
+        return 2
     try:
         device = resolve_device(args.device)
         if args.device.startswith("cuda") and device.type != "cuda":

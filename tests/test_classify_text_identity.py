@@ -18,6 +18,7 @@ from train.classification.model import LabelledTexts, classifier_codec, predict_
 from train.classification.run import load_classification_run
 from train.cli import main as train_main
 from train.models.classifier import classify_settings
+from vsecore.lines import printable
 
 #: a title and a description with everything the AG News files hold: a tab, runs of spaces, complete and
 #: broken HTML entities, the escaped dollar, a backslash line break, an escaped quote after a break
@@ -101,7 +102,7 @@ def test_predict_file_answers_every_line_in_order(trained: tuple[Path, Path, Pat
     assert len(out) == len(lines)
     blank = [not x.split("\t")[0] for x in out]
     assert blank == [False, True, False, True, True, False, True]
-    assert [x.split("\t", 2)[2] for x in out] == [t.removesuffix("\r") for t in lines]
+    assert [x.split("\t", 2)[2] for x in out] == [printable(t.removesuffix("\r")) for t in lines]
     assert train_main(["predict", "--run", str(run_dir), "--file", str(file), "--json"]) == 0
     records = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert [r["label"] is None for r in records] == blank

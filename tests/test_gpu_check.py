@@ -77,8 +77,8 @@ def test_no_cuda_is_one_line_and_no_cpu_fallback(tmp_path, capsys) -> None:
     assert len(lines) == 1 and lines[0].startswith("gpu_check: error: device:"), lines
 
 
-def test_full_sizes_on_the_cpu_are_refused(capsys) -> None:
-    assert load_script().main(["--device", "cpu"]) == 1
+def test_full_sizes_on_the_cpu_are_refused(tmp_path, capsys) -> None:
+    assert load_script().main(["--device", "cpu", "--json", str(tmp_path / "c.json")]) == 1
     err = capsys.readouterr().err.strip()
     assert err == "gpu_check: error: a full check runs on a GPU (--device cuda); use --dry for the CPU"
 
@@ -133,3 +133,66 @@ def test_relative_difference() -> None:
     assert check.relative_difference(torch.zeros(2), torch.zeros(2)) == 0
     assert check.relative_difference(torch.ones(2), torch.zeros(2)) == float("inf")
     assert check.relative_difference(torch.tensor([float("nan")]), torch.ones(1)) == float("inf")
+
+
+def _no_work(monkeypatch) -> object:
+    """The script with every stage, and the device's resolution, failing the test if it runs."""
+    check = load_script()
+
+    def work(*args, **kwargs):
+        raise AssertionError("work started before the arguments were checked")
+
+    for name in ("extraction", "family_steps", "evaluation", "loader", "resolve_device"):
+        monkeypatch.setattr(check, name, work)
+    return check
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "-1"], "--steps -1: must be 1 to 1,000,000"),
+    (["--steps", "0"], "--steps 0: must be 1 to 1,000,000"),
+    (["--cpu-steps", "-2"], "--cpu-steps -2: must be 0 to 1,000,000"),
+    (["--images", "0"], "--images 0: must be 1 to 2,000"),
+    (["--images", "100000"], "--images 100000: must be 1 to 2,000"),
+])
+def test_a_count_out_of_range_is_one_line_before_any_work(tmp_path, monkeypatch, capsys, argv,
+                                                          message) -> None:
+    """Issue 41.8: ``--steps -1`` reported "all stages passed" with captions_per_s -1471129."""
+    out = tmp_path / "check.json"
+    assert _no_work(monkeypatch).main(["--device", "cpu", "--dry", "--json", str(out), *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines() == [f"gpu_check: error: {message}"] and captured.out == ""
+    assert not out.exists()
+
+
+def test_an_existing_json_is_replaced_only_with_overwrite(tmp_path, monkeypatch, capsys) -> None:
+    """Issue 41.8: ``--json`` naming a file of the user's overwrote it silently; the rule of the other
+    commands (vsecore.outputs.check_output_file): an existing file only with --overwrite, checked before any
+    work."""
+    out = tmp_path / "notes.json"
+    out.write_text("my own notes\n", encoding="utf-8")
+    assert _no_work(monkeypatch).main(["--device", "cpu", "--dry", "--json", str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"gpu_check: error: --json {out}: exists; add --overwrite to replace it"]
+    assert out.read_text(encoding="utf-8") == "my own notes\n"
+    check = load_script()
+    for name in ("extraction", "evaluation", "loader"):
+        monkeypatch.setattr(check, name, lambda c, record: record.update(stub=True))
+    monkeypatch.setattr(check, "family_steps", lambda c, family, record: record.update(stub=True))
+    argv = ["--device", "cpu", "--dry", "--families", "vse", "--json", str(out), "--overwrite"]
+    assert check.main(argv) == 0
+    assert json.loads(out.read_text(encoding="utf-8"))["loader"]["stub"] is True
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.json"]  # written whole, no temporary left
+
+
+def test_a_json_in_a_missing_folder_or_at_a_folder_is_one_line_before_any_work(tmp_path, monkeypatch,
+                                                                               capsys) -> None:
+    """Issue 41.8: ``--json`` in a missing folder was a traceback after all the work."""
+    check = _no_work(monkeypatch)
+    missing = tmp_path / "no" / "such" / "check.json"
+    assert check.main(["--device", "cpu", "--dry", "--json", str(missing)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"gpu_check: error: --json {missing}: no folder {missing.parent}; create it or write elsewhere"]
+    assert not (tmp_path / "no").exists()
+    assert check.main(["--device", "cpu", "--dry", "--json", str(tmp_path), "--overwrite"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"gpu_check: error: --json {tmp_path}: is a folder; give a file name"]

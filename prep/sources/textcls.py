@@ -28,20 +28,25 @@ import csv
 import html
 import re
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from vsecore.errors import UserError
-from vsecore.io import read_text, regular_file_size
-
-#: the largest classification file read (streamed, never held whole: Amazon reviews' train.csv is 1.6 GB)
-MAX_STREAMED_BYTES = 1 << 40
+from vsecore.lines import MAX_STREAMED_BYTES, open_lines
 
 #: the longest field read, in characters: a classification text is a title, a description, a review
 #: (AG News and DBPedia fields are under 10 KB); a longer one is an error naming its line, before the
 #: reader holds it (a 51 MB field cost 4.5 GB). Set only while a file is read: the csv module's limit is
 #: process-wide state other readers rely on.
 FIELD_SIZE_LIMIT = 1 << 20
+#: the longest line of a classification file, in bytes: a field at :data:`FIELD_SIZE_LIMIT` in UTF-8 (at most
+#: 4 bytes a character). The line reader refuses a longer one after these bytes, before the csv module, which
+#: reads a whole line before it counts a field, holds it (a 3 GB line without a new line was a MemoryError)
+MAX_LINE_BYTES = 4 * FIELD_SIZE_LIMIT
+#: the most characters one row may take, all its lines together (a quoted field may span lines): rows of
+#: many short quoted fields, each within the field limit, would otherwise grow without bound
+MAX_ROW_CHARS = 2 * MAX_LINE_BYTES
 
 
 @dataclass(frozen=True)
@@ -101,9 +106,8 @@ def repair_escapes(text: str) -> tuple[str, Counter]:
 def read_classes(path: str | Path) -> list[str]:
     """The class names of ``classes.txt``, one per line (line k names class index k, 1-based)."""
     path = Path(path)
-    text = read_text(path, "a classes file", missing=f"{path}: no such classes file", most=1 << 20)
-    lines = text.splitlines()
-    names = [line.strip() for line in lines]
+    with open_lines(path, "a classes file", missing=f"{path}: no such classes file", most=1 << 20) as lines:
+        names = [line.strip() for line in lines]
     while names and not names[-1]:
         names.pop()
     if not names:
@@ -126,17 +130,50 @@ def _next_row(reader) -> list[str]:
         csv.field_size_limit(before)
 
 
-def _rows(path: Path, delimiter: str):
-    """``(first line number, row)`` of each record of a CSV file (a quoted field may span lines)."""
-    if not path.exists():
-        raise UserError(f"{path}: no such file")
-    regular_file_size(path, MAX_STREAMED_BYTES, "a text classification file")  # not a FIFO or device
-    try:
-        fh = open(path, encoding="utf-8", newline="")
-    except OSError as exc:
-        raise UserError(f"{path}: not readable ({exc.strerror or type(exc).__name__})") from None
-    with fh:
-        reader = csv.reader(fh, delimiter=delimiter, quotechar='"', doublequote=True, strict=True)
+class _RowLines:
+    """The lines of a CSV file as :func:`csv.reader` takes them: a lone carriage return ends a line, as
+    ``open(newline="")`` reads it; at most :data:`MAX_ROW_CHARS` characters from one :meth:`row_done` to the
+    next (a one-line error naming the row's first line)."""
+
+    def __init__(self, lines: Iterator[str], path: Path) -> None:
+        self.lines, self.path = lines, path
+        self.pending: list[str] = []
+        self.row_chars, self.first_line = 0, 1
+
+    def __iter__(self) -> _RowLines:
+        return self
+
+    def __next__(self) -> str:
+        if not self.pending:
+            line = next(self.lines)
+            cr = line.find("\r")
+            # a lone \r (an old Mac file) ends a line, as in Python's universal new lines; a \r\n is one end
+            lone = cr >= 0 and line[cr + 1:cr + 2] not in ("\n", "")
+            self.pending = [p for p in _LONE_CR.split(line) if p][::-1] if lone else [line]
+        line = self.pending.pop()
+        self.row_chars += len(line)
+        if self.row_chars > MAX_ROW_CHARS:
+            raise UserError(f"{self.path}: line {self.first_line}: a row longer than {MAX_ROW_CHARS:,} "
+                            "characters (a classification dataset's row is short)")
+        return line
+
+    def row_done(self, next_line: int) -> None:
+        """A row was read; the next one starts at line ``next_line``."""
+        self.row_chars, self.first_line = 0, next_line
+
+
+#: where a carriage return not followed by a new line ends a line (a zero-width split after it)
+_LONE_CR = re.compile(r"(?<=\r)(?!\n)")
+
+
+def _rows(path: Path, delimiter: str) -> Iterator[tuple[int, list[str]]]:
+    """``(first line number, row)`` of each record of a CSV file (a quoted field may span lines), read by the
+    bounded line reader (:func:`vsecore.lines.open_lines`): a regular file, lines of at most
+    :data:`MAX_LINE_BYTES`, fields of at most :data:`FIELD_SIZE_LIMIT` characters."""
+    with open_lines(path, "a text classification file", most=MAX_STREAMED_BYTES, line_most=MAX_LINE_BYTES,
+                    keep_ends=True) as lines:
+        feed = _RowLines(lines, path)
+        reader = csv.reader(feed, delimiter=delimiter, quotechar='"', doublequote=True, strict=True)
         line = 1
         while True:
             try:
@@ -148,10 +185,9 @@ def _rows(path: Path, delimiter: str):
                     raise UserError(f"{path}: line {line}: a field longer than {FIELD_SIZE_LIMIT:,} "
                                     "characters (a classification dataset's text is short)") from None
                 raise UserError(f"{path}: line {line}: malformed CSV ({exc})") from None
-            except UnicodeDecodeError as exc:
-                raise UserError(f"{path}: after line {line}: not UTF-8 text ({exc.reason})") from None
             yield line, row
             line = reader.line_num + 1
+            feed.row_done(line)
 
 
 def read_zhang_csv(path: str | Path, num_classes: int) -> list[RawText]:

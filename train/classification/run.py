@@ -47,6 +47,7 @@ class ClassificationRun:
     checkpoint: str
     epoch: int
     _dataset: TextClsDataset | None = field(default=None, repr=False)
+    _codec: TextCodec | None = field(default=None, repr=False)
 
     def __getattr__(self, name: str) -> Any:
         # what the retrieval commands (query, export-embeddings) ask of a LoadedRun: one line, not a traceback
@@ -74,8 +75,10 @@ class ClassificationRun:
 
     @property
     def codec(self) -> TextCodec:
-        """How the run's encoder reads texts (over the training data's vocabulary)."""
-        return classifier_codec(self.settings, self.dataset)
+        """How the run's encoder reads texts (over the training data's vocabulary; built once)."""
+        if self._codec is None:
+            self._codec = classifier_codec(self.settings, self.dataset)
+        return self._codec
 
     @property
     def text_repairs(self) -> str | None:
@@ -96,10 +99,30 @@ class ClassificationRun:
     def probabilities(self, texts: Sequence[str]) -> torch.Tensor:
         """Class probabilities (M, K) of new texts, read as :meth:`encoder_texts` (then tokenized as
         ``prep`` does for word encoders)."""
+        return self._scores(self.encoder_texts(texts))
+
+    def _scores(self, seen: Sequence[str]) -> torch.Tensor:
+        """Class probabilities (M, K) of texts already read as :meth:`encoder_texts`."""
         codec = self.codec
-        codes = codec.encode_texts(self.encoder_texts(texts))
-        items = LabelledTexts(codes, np.zeros(len(texts), dtype=np.int64), codec)
+        items = LabelledTexts(codec.encode_texts(list(seen)), np.zeros(len(seen), dtype=np.int64), codec)
         return torch.softmax(predict_logits(self.model, items, self.device, self.settings.amp), dim=1)
+
+    def answer(self, texts: Sequence[str], where: Sequence[str] | None = None) -> list[torch.Tensor | None]:
+        """What ``train predict`` answers to each text, in order: its class probabilities (K,), or None for
+        a blank text (:meth:`blank`: nothing to classify once read as the training texts were). ``where``
+        names each text in the one-line error of a text that is not Unicode (a lone surrogate)."""
+        seen, repairs = [], self.text_repairs
+        for k, text in enumerate(texts):
+            try:
+                seen.append(encoder_text(text, repairs)[0])
+            except UserError as exc:
+                raise UserError(f"{where[k] if where else f'text {k + 1}'}: {exc}") from None
+        answered = [k for k, text in enumerate(seen) if not is_blank(text)]
+        rows: list[torch.Tensor | None] = [None] * len(seen)
+        if answered:
+            for k, row in zip(answered, self._scores([seen[k] for k in answered]), strict=True):
+                rows[k] = row
+        return rows
 
     def predict(self, texts: Sequence[str]) -> list[tuple[str, float]]:
         """``(label, probability)`` of the most probable class of each text."""

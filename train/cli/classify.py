@@ -7,14 +7,20 @@ test metrics of a checkpoint and, with ``--noise``, the accuracy per character-n
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from pipelines.schema import add_pipeline_arguments, stage_settings
 from train.classification.evaluate import evaluate_run
 from train.classification.fit import PAPER_WORD_VOCABULARY, run_classification
-from train.classification.run import is_classification_run, load_classification_run
+from train.classification.run import ClassificationRun, is_classification_run, load_classification_run
 from train.cli.fit_options import field_option, show_defaults
 from train.cli.options import (
     add_checkpoint_argument,
@@ -26,8 +32,10 @@ from train.engine.settings import DRY_RUN_ALPHABET
 from train.models.classifier import classify_settings, classify_settings_class, encoder_keys
 from train.run.config import default_run_dir, read_config
 from train.run.layout import RunDir
+from vsecore import console
 from vsecore.device import add_device_argument
 from vsecore.errors import HelpFormatter, UserError
+from vsecore.lines import bounded_lines, open_lines, printable
 
 
 def _classify_command(args: argparse.Namespace) -> int:
@@ -49,47 +57,99 @@ def _classify_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_lines(file: str) -> list[str]:
-    """The lines of ``file`` (``-``: stdin), split on new lines only (a form feed or U+2028 inside a line
-    is part of it, as an editor numbers lines), a final new line ending the last line."""
-    path = Path(file)
-    try:
-        body = sys.stdin.read() if file == "-" else path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text ({exc.reason})") from None
-    lines = [line.removesuffix("\r") for line in body.split("\n")]
-    return lines[:-1] if lines and lines[-1] == "" else lines
+#: texts read, classified and printed at a time by ``train predict`` (its memory: this many texts, whatever
+#: the length of ``--file``)
+PREDICT_BATCH = 1024
+#: what ``train predict --file`` reads, in the one-line errors of the line reader
+TEXTS_FILE = "a file of texts (one per line)"
+#: blank texts named by number in ``train predict``'s closing warning
+BLANKS_NAMED = 10
+
+
+@contextlib.contextmanager
+def _texts(args: argparse.Namespace) -> Iterator[Iterator[str]]:
+    """The texts to classify: ``--text``, or the lines of ``--file`` (``-``: standard input) streamed by the
+    bounded line reader (:mod:`vsecore.lines`: a regular file, lines of at most 1 MiB, one-line errors
+    naming the line); a final new line ends the last line."""
+    if args.file is None:
+        yield iter(args.text)
+    elif args.file == "-":
+        yield bounded_lines(sys.stdin.buffer, "<stdin>", TEXTS_FILE)
+    else:
+        with open_lines(args.file, TEXTS_FILE) as lines:
+            yield lines
+
+
+def _batches(texts: Iterator[str]) -> Iterator[list[str]]:
+    while batch := list(itertools.islice(texts, PREDICT_BATCH)):
+        yield batch
+
+
+def _json_line(record: dict[str, Any]) -> str:
+    """``record`` as one JSON line for the terminal: the characters :func:`vsecore.lines.printable` escapes
+    are written as JSON ``\\u`` escapes, the same strings once parsed (JSON escapes only C0 controls)."""
+    line = json.dumps(record, ensure_ascii=False)
+    if line.isprintable():
+        return line
+    return "".join(c if c.isprintable() else json.dumps(c)[1:-1] for c in line)
+
+
+def _answer_line(text: str, row: torch.Tensor | None, labels: list[str], as_json: bool) -> str:
+    """The answer to one text: ``LABEL<TAB>PROBABILITY<TAB>TEXT`` (a blank text: ``<TAB><TAB>TEXT``), or a
+    JSON line; the text and labels escaped for the terminal as ``train query`` escapes them."""
+    best = int(row.argmax()) if row is not None else None
+    if as_json:
+        record = {"text": text, "label": None, "probability": None, "probabilities": None}
+        if row is not None:
+            every = {n: round(float(p), 6) for n, p in zip(labels, row, strict=True)}
+            record.update(label=labels[best], probability=round(float(row[best]), 6), probabilities=every)
+        return _json_line(record)
+    head = f"{printable(labels[best])}\t{float(row[best]):.4f}" if row is not None else "\t"
+    return f"{head}\t{printable(text)}"
+
+
+def _answer_all(run: ClassificationRun, batches: Iterable[list[str]], args: argparse.Namespace
+                ) -> tuple[int, list[int]]:
+    """Print the answer to every text, in order, a batch at a time: the count of blank texts and the
+    numbers (1-based) of the first :data:`BLANKS_NAMED` of them."""
+    source = "--text" if args.file is None else ("<stdin>" if args.file == "-" else args.file)
+    unit = "text" if args.file is None else "line"
+    done = blanks = 0
+    named: list[int] = []
+    for batch in batches:
+        rows = run.answer(batch, [f"{source}: {unit} {done + k}" for k in range(1, len(batch) + 1)])
+        for k, row in enumerate(rows, start=done + 1):
+            if row is None:
+                blanks += 1
+                if len(named) < BLANKS_NAMED:
+                    named.append(k)
+        console.result("\n".join(_answer_line(t, r, run.labels, args.json) for t, r in zip(batch, rows,
+                                                                                             strict=True)))
+        done += len(batch)
+    return blanks, named
 
 
 def _predict_command(args: argparse.Namespace) -> int:
     run_dir = run_from_arguments(args)
     if (args.text is None) == (args.file is None):
         raise UserError("give --text TEXT... or --file texts.txt (one text per line)")
-    texts = _read_lines(args.file) if args.file is not None else list(args.text)
-    if not texts:
-        raise UserError("no texts to classify")
-    if not is_classification_run(run_dir):
-        raise UserError(f"{run_dir}: a retrieval run; `train predict` needs a `train classify` run (see "
-                        "`train query` for retrieval)")
-    run = load_classification_run(run_dir, args.checkpoint, args.device)
-    # a text with nothing left for the encoder (a blank line) gets an empty answer in its place
-    answered = [k for k, blank in enumerate(run.blank(texts)) if not blank]
-    found = run.probabilities([texts[k] for k in answered]) if answered else []
-    probs = dict(zip(answered, found, strict=True))
-    for k, text in enumerate(texts):
-        row = probs.get(k)
-        best = int(row.argmax()) if row is not None else None
-        if args.json:
-            record = {"text": text, "label": None, "probability": None, "probabilities": None}
-            if row is not None:
-                every = {n: round(float(p), 6) for n, p in zip(run.labels, row, strict=True)}
-                record.update(label=run.labels[best], probability=round(float(row[best]), 6),
-                              probabilities=every)
-            print(json.dumps(record, ensure_ascii=False))
-        else:
-            print(f"{run.labels[best]}\t{float(row[best]):.4f}\t{text}" if row is not None else f"\t\t{text}")
+    with _texts(args) as texts:
+        batches = _batches(texts)
+        first = next(batches, None)  # the file is opened, checked and read from before the model loads
+        if first is None:
+            raise UserError(f"{'<stdin>' if args.file == '-' else args.file}: no texts to classify (an empty "
+                            "file)")
+        if not is_classification_run(run_dir):
+            raise UserError(f"{run_dir}: a retrieval run; `train predict` needs a `train classify` run (see "
+                            "`train query` for retrieval)")
+        run = load_classification_run(run_dir, args.checkpoint, args.device)
+        blanks, named = _answer_all(run, itertools.chain([first], batches), args)
+    if blanks:  # answered in place, so output line k stays the answer to input line k; said, not silent
+        unit = "text" if args.file is None else "line"
+        more = f" and {blanks - len(named):,} more" if blanks > len(named) else ""
+        console.warning(f"train predict: {blanks:,} blank {unit}{'s' if blanks > 1 else ''} (nothing to "
+                        "classify once read as the training texts were) answered with an empty label: "
+                        f"{unit} {', '.join(map(str, named))}{more}")
     return 0
 
 
@@ -167,15 +227,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Classify texts with a `train classify` run: one line per text, 'LABEL<TAB>PROBABILITY"
         "<TAB>TEXT', or with --json one JSON object per text with every class's probability. Output line k "
         "answers input line k: a blank text (nothing left once read as the training texts were) gets an "
-        "empty answer, '<TAB><TAB>TEXT' (JSON: label, probability and probabilities null). A text is read "
-        "exactly as `prep textcls` read the training texts (AG News: escapes decoded, tabs and runs of "
+        "empty answer, '<TAB><TAB>TEXT' (JSON: label, probability and probabilities null), and a closing "
+        "warning counts the blank texts and names the first ten. Texts are printed as `train query` prints "
+        "them, control and invisible characters escaped ('\\x1b', '\\u202e'; in JSON '\\u001b'). A text is "
+        "read exactly as `prep textcls` read the training texts (AG News: escapes decoded, tabs and runs of "
         "spaces one space); a title and a description join as 'TITLE \u00b6 DESCRIPTION', as in training.",
         formatter_class=HelpFormatter)
     add_run_arguments(q)
     q.add_argument("--text", nargs="+", default=None, metavar="TEXT", help="texts to classify")
     q.add_argument("--file", default=None, metavar="texts.txt",
-                   help="one text per line ('-': stdin); every line answered in order, a blank one with an "
-                        "empty answer")
+                   help="one text per line ('-': stdin), read a line at a time: a regular file, UTF-8, lines "
+                        "of at most 1 MiB; every line answered in order, a blank one with an empty answer")
     q.add_argument("--json", action="store_true", help="JSON lines with all probabilities")
     add_checkpoint_argument(q, "checkpoint of the run")
     add_device_argument(q)

@@ -39,6 +39,7 @@ from train.engine.similarity import similarity
 from train.retrieval.evaluate.layout import scores_of_distinct
 from train.run.config import model_sizes
 from vsecore.errors import UserError
+from vsecore.lines import printable
 
 
 class SearchableRun(Protocol):
@@ -214,16 +215,9 @@ def search(run: SearchableRun, text: str | Sequence[str] | None = None,
             for vs, ix in zip(values, indices, strict=True)]
 
 
-def printable(text: str) -> str:
-    """``text`` with control characters (ANSI escapes, carriage returns, newlines, ...) written as Python
-    escapes, so a caption or query cannot move the cursor, recolour or rewrite the terminal."""
-    if text.isprintable():
-        return text
-    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
-
-
 def format_hits(query: str, hits: Sequence[Hit]) -> str:
-    """A small table of one query's hits (control characters escaped, see :func:`printable`)."""
+    """A small table of one query's hits (control characters escaped, see
+    :func:`vsecore.lines.printable`)."""
     lines = [f"query: {printable(str(query))}"]
     for h in hits:
         what = h.path if h.path is not None else h.text
