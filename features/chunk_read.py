@@ -11,7 +11,9 @@ It handles exactly the layout the store's writer makes for arrays with one chunk
 (:func:`features.store_layout.row_layout`, checked when the store was opened): a regular chunk grid, codecs
 ``bytes`` (little-endian) + ``zstd``, a fixed-size data type; :func:`matches` says whether an array has it,
 and :func:`read_whole` returns ``None`` for any other, which Zarr then reads. A chunk file that is absent is
-the fill value, as Zarr reads it. Every chunk is bounded as the Zarr reader bounds it
+the fill value, as Zarr reads it, except in an array whose every chunk is on disk
+(:attr:`features.store_array.StoreArray.every_chunk`): there it is damage, as is a folder in a chunk's place,
+and the caller names it. Every chunk is bounded as the Zarr reader bounds it
 (:mod:`features.codec_bounds`): the file may hold at most zstd's worst case for the chunk's bytes, and the
 frame must declare exactly the chunk's size, so the bytes are the ones Zarr would decode, into the same bits.
 """
@@ -85,6 +87,8 @@ def read_whole(array: StoreArray, threads: int = READ_THREADS) -> np.ndarray | N
                                      f"{chunk_nbytes} bytes can")
                 data = f.read(size + 1)
         except FileNotFoundError:
+            if array.every_chunk:  # a finished block's chunk was written: its absence is damage
+                raise
             dest[...] = fill  # an absent chunk is the fill value, as Zarr reads it
             return
         if whole_rows and dest.shape == chunks:  # a full chunk: straight into the result

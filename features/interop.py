@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 
 from features.export import COCO_1K, COCO_5K, image_file
-from features.store import FeatureStore
+from features.store import FeatureStore, remove_killed_leftovers
 from features.store_layout import RowShape, row_shape
 from prep.dataset import DATASET_FILE, PreparedDataset
+from vsecore.containers import ContainerError, npy_header
 from vsecore.errors import UserError
 from vsecore.io import exclusive_lock, sha256_file
 from vsecore.outputs import check_output_folder
@@ -43,14 +44,6 @@ class ImportResult:
 IMPORT_CHUNK_BYTES = 64 * 2**20
 
 
-def _size(n: float) -> str:
-    for unit in ("bytes", "KB", "MB", "GB", "TB"):
-        if n < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
-    return ""
-
-
 def check_real_dtype(dtype: np.dtype, where: str) -> None:
     """A :class:`UserError` unless ``dtype`` holds real numbers (float, int, uint, bool): a complex array
     would lose its imaginary part in the float32 cast, and strings or records are no features."""
@@ -66,28 +59,16 @@ def check_npy_header(npy: Path) -> tuple[tuple[int, ...], np.dtype]:
     (:func:`check_real_dtype`), or whose body is shorter than its header claims (a truncated file,
     or a header forged to claim e.g. 10,000,000 x 1,000 rows on a 1 KB body).
     """
-    fmt = np.lib.format
     try:
-        with open(npy, "rb") as fh:
-            version = fmt.read_magic(fh)
-            if version == (1, 0):
-                shape, _, dtype = fmt.read_array_header_1_0(fh)
-            else:
-                shape, _, dtype = fmt.read_array_header_2_0(fh)
-            offset = fh.tell()
-        size = npy.stat().st_size
+        header = npy_header(npy)
     except FileNotFoundError:
         raise UserError(f"{npy}: no such file") from None
     except IsADirectoryError:
         raise UserError(f"{npy}: is a folder, expected a .npy file") from None
-    except (ValueError, SyntaxError, EOFError) as exc:
-        raise UserError(f"{npy}: cannot read as .npy: {exc}") from None
-    check_real_dtype(dtype, str(npy))
-    needed = int(np.prod(shape, dtype=object)) * dtype.itemsize
-    if size - offset < needed:
-        raise UserError(f"{npy}: the header says {dtype} {tuple(shape)} ({_size(needed)}), but the file "
-                        f"holds {_size(size - offset)} after it: truncated, or not a .npy file")
-    return tuple(shape), dtype
+    except (ContainerError, OSError) as exc:
+        raise UserError(f"{npy}: cannot read as .npy: {getattr(exc, 'strerror', None) or exc}") from None
+    check_real_dtype(header.dtype, str(npy))
+    return tuple(header.shape), header.dtype
 
 
 def import_npy(npy: str | os.PathLike, data: str | os.PathLike, split: str, out: str | os.PathLike,
@@ -266,6 +247,7 @@ def _import_rows(out: str | os.PathLike, dataset: PreparedDataset, outputs: dict
     missing = np.setdiff1d(replaced, present)
     bad: list[int] = []
     with exclusive_lock(out, "the feature store"):
+        remove_killed_leftovers(out)
         store = FeatureStore.open_or_create(
             out, np.arange(n, dtype=np.int64), outputs, block_size=block_size, config=config,
             provenance=provenance, overwrite=overwrite, dtypes=dtypes)
@@ -301,6 +283,7 @@ def _merge_block(store: FeatureStore, names: list[str], start: int, stop: int, r
     """Rewrite rows ``start:stop`` of the arrays ``names``: ``replaced`` rows emptied (NaN, or 0 for
     integer arrays), then the ``present`` rows whose values are all finite filled from ``read``.
     Returns the rows filled."""
+    store.check_chunk_places(start // store.block_size, [*names, "valid", "failures", "blocks_done"])
     blocks = {name: np.asarray(store.array(name)[start:stop]) for name in names}
     for name, block in blocks.items():
         block[replaced - start] = store.empty_rows(name, 1)

@@ -18,6 +18,7 @@ It holds the copy's lock while writing; a copy that was interrupted is resumed b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from features.store import FeatureStore
+from features.store import FeatureStore, remove_killed_leftovers
 from features.store_layout import ROW_CODECS, store_codec
 from vsecore.errors import UserError
 from vsecore.io import exclusive_lock
@@ -76,10 +77,17 @@ def recompress_store(source: str | Path, out: str | Path, codec: str, overwrite:
     check_output_folder(out, (), inputs=[src.path], owner=out)
     t0 = time.perf_counter()
     with exclusive_lock(out, "the feature store"):
+        remove_killed_leftovers(out)  # a copy killed while created leaves its .NAME.XXXXXXXX.partial
         dst = _open_copy(src, out, codec, overwrite)
         todo = [b for b in range(src.n_blocks) if not dst.block_done(b)]
-        for block in todo:
-            _copy_block(src, dst, block)
+        try:
+            for block in todo:
+                _copy_block(src, dst, block)
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: one line saying what is kept, as extraction's
+            with contextlib.suppress(UserError, OSError):
+                kept = f"{int(dst.blocks_done().sum())} of {dst.n_blocks} blocks kept"
+                exc.args = (f"interrupted: {kept}, re-run the same command to resume",)
+            raise
         src.check_unchanged(src.opened_state)  # the source was not rewritten while copied
         extra = {k: v for k, v in src.attrs.items() if k not in _OWN_ATTRS}
         dst.set_attrs(**extra, complete=True)

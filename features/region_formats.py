@@ -44,6 +44,7 @@ from typing import Protocol
 import numpy as np
 
 from prep.dataset import PreparedDataset
+from vsecore.containers import ContainerError, npy_header
 from vsecore.errors import UserError
 
 #: the fields of a bottom-up-attention TSV line, in order
@@ -201,12 +202,14 @@ def read_scan_precomp(npy: str | os.PathLike, dataset: PreparedDataset, split: s
     matched by id and ids outside the split are ``extra``.
     """
     npy = Path(npy)
-    try:
+    try:  # the header checked first: a FIFO, an object dtype or a forged shape is refused unread
+        header = npy_header(npy)
         array = np.load(npy, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{npy}: cannot read as .npy: {exc}") from None
-    if array.ndim != 3:
-        raise UserError(f"{npy}: expected (images, regions, features), got shape {array.shape}")
+    except (ContainerError, OSError, ValueError) as exc:
+        raise UserError(f"{npy}: cannot read as .npy: {getattr(exc, 'strerror', None) or exc}") from None
+    if len(header.shape) != 3 or header.dtype.kind not in "fiu":
+        raise UserError(f"{npy}: expected (images, regions, features) numbers, got {header.dtype} "
+                        f"{header.shape}")
     split_rows = dataset.image_rows(split)
     if ids is None:
         step = _repeat_step(array, len(split_rows), npy)

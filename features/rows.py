@@ -54,7 +54,10 @@ class ShardRows:
     writer makes (:func:`features.store_layout.row_layout`, checked when the store was opened): a
     ``sharding_indexed`` codec, its index at the end (``bytes`` little-endian + ``crc32c``), inner chunks
     ``bytes`` little-endian + ``zstd`` or ``blosc`` (``--codec lz4``); :meth:`matches` says whether an array
-    has it. The bytes are the ones Zarr would decode, so the rows are the same bits.
+    has it. The bytes are the ones Zarr would decode, so the rows are the same bits. A shard file that is
+    missing or not a regular file (a folder in its place) raises here, and :class:`StoreRows` names it as
+    the damaged chunk it is (the store is finished: every shard was written), where Zarr would have read
+    NaN rows.
     """
 
     def __init__(self, array: StoreArray) -> None:
@@ -288,7 +291,7 @@ class StoreRows:
             out = np.empty((len(inverse), *self.shape[1:]), dtype=self.dtype)
             try:
                 nonfinite = self._shards.read(unique, out, first)
-            except Exception as exc:  # noqa: BLE001 - zstd, the index, the file: name the damaged chunk
+            except Exception as exc:  # noqa: BLE001 - zstd, the index, the file (missing, a folder): name it
                 raise array._damage((unique,), exc) from None
             repeats = np.flatnonzero(first[inverse] != np.arange(len(inverse)))
             out[repeats] = out[first[inverse[repeats]]]
@@ -305,10 +308,7 @@ class StoreRows:
         if not len(unique):
             return np.zeros((0, *self.shape[1:]), dtype=self.dtype)
         if not self.row_chunks:
-            try:
-                return np.asarray(array.zarr.get_orthogonal_selection((unique,)))
-            except Exception as exc:  # noqa: BLE001 - codecs raise RuntimeError, ValueError, ...
-                raise array._damage((unique,), exc) from None
+            return np.asarray(array.oindex[(unique,)])  # damaged or missing chunks named (StoreArray)
         out = np.empty((len(unique), *self.shape[1:]), dtype=self.dtype)
         breaks = np.flatnonzero(np.diff(unique) != 1) + 1
         starts = np.concatenate([[0], breaks])

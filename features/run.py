@@ -26,7 +26,7 @@ from features.extract import ExtractSummary, Mapper, extract, finish_fne, retry_
 from features.images import check_sizes
 from features.recipe import SPEED_KEYS, ImageMapperFactory, recorded_settings
 from features.settings import FeaturesSection
-from features.store import FeatureStore
+from features.store import FeatureStore, check_replaceable, remove_killed_leftovers
 from prep.dataset import DATASET_FILE, PreparedDataset
 from vsecore.device import resolve_device
 from vsecore.errors import UserError
@@ -111,8 +111,11 @@ def run_features(settings: FeaturesSection, overwrite: bool = False, rethreshold
 def _extract_locked(settings: FeaturesSection, dataset: PreparedDataset, out: Path, overwrite: bool,
                     progress: bool, retry_failed: bool = False) -> ExtractSummary:
     """The body of :func:`run_features`, run while holding the store's lock."""
+    remove_killed_leftovers(out)
     if out.is_dir() and not overwrite:
         probe_writable(out)
+    if out.exists() and overwrite:
+        check_replaceable(out)  # before the model loads: a NOTES.txt in the store keeps it
     dataset_sha = sha256_file(dataset.root / DATASET_FILE)
     images_sha = dataset.images_fingerprint()
     paths = [str(p) for p in dataset.image_paths()]

@@ -45,6 +45,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Iterator, Mapping
@@ -54,6 +55,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from features.signals import zarr_settled
 from features.store_array import StoreArray, one_line
 from features.store_layout import (
     ARRAY_CONFIG,
@@ -68,8 +70,10 @@ from features.store_layout import (
     store_codec,
 )
 from features.store_state import ConsistentReads, StoreState
+from vsecore import console
 from vsecore.errors import UserError
-from vsecore.io import atomic_directory, regular_file_size
+from vsecore.io import atomic_directory, read_text, regular_file_size, remove_stale_siblings
+from vsecore.outputs import zarr_foreign_entries
 from vsecore.version import code_version
 
 #: version of the on-disk layout written into the store's attributes
@@ -135,14 +139,14 @@ class FeatureStore(ConsistentReads):
         if path.exists():
             if not overwrite:
                 raise FileExistsError(path)
-            _check_replaceable(path)
+            check_replaceable(path)
         n = int(len(imgids))
         if block_size < 1:
             raise UserError(f"block size must be at least 1, got {block_size}")
         n_blocks = max(1, math.ceil(n / block_size))
         if codec not in ROW_CODECS:
             raise UserError(f"codec {codec!r}: expected one of {', '.join(ROW_CODECS)}")
-        with atomic_directory(path, overwrite=True) as tmp:
+        with atomic_directory(path, overwrite=True) as tmp, zarr_settled():
             g = zarr.open_group(str(tmp), mode="w", zarr_format=3)
             g.create_array("imgid", shape=(n,), chunks=(block_size,), dtype="int64", fill_value=-1,
                            config=ARRAY_CONFIG)[:] = np.asarray(imgids, dtype=np.int64)
@@ -290,7 +294,10 @@ class FeatureStore(ConsistentReads):
             raise UserError(f"{self.path}: cannot open array '{name}': {one_line(exc)}") from None
         if not isinstance(arr, zarr.Array):
             raise UserError(f"{self.path}: '{name}' is a group, not an array")
-        return StoreArray(self, name, arr.with_config(ARRAY_CONFIG))
+        attrs = self.group.attrs
+        # finished, and written by a writer that writes every chunk: a missing chunk file is damage
+        every_chunk = bool(attrs.get("complete")) and bool(attrs.get("empty_chunks_written"))
+        return StoreArray(self, name, arr.with_config(ARRAY_CONFIG), every_chunk=every_chunk)
 
     def clear_blocks(self, blocks: list[int]) -> None:
         """Unset the completion flags of ``blocks`` and mark the store incomplete (they are redone)."""
@@ -374,6 +381,7 @@ class FeatureStore(ConsistentReads):
         before it recomputes the whole block on resume.
         """
         start, stop = self.block_rows(block)
+        self.check_chunk_places(block, [*arrays, "valid", "failures", "blocks_done"])
         for name, values in arrays.items():
             if values.shape[0] != stop - start:
                 raise ValueError(f"block {block}: {name} has {values.shape[0]} rows, expected {stop - start}")
@@ -382,6 +390,17 @@ class FeatureStore(ConsistentReads):
         self.array("valid")[start:stop] = np.asarray(valid, dtype=bool)
         self.array("failures")[block] = json.dumps(failures) if failures else ""
         self.array("blocks_done")[block] = True
+
+    def check_chunk_places(self, block: int, names: list[str]) -> None:
+        """A one-line UserError when a folder stands where a chunk file of ``block`` of the arrays ``names``
+        goes (Zarr cannot write there, and the folder is not ours to delete); every block writer calls it
+        (``features verify`` names such a block damaged, ``--repair`` clears its flag: the writer is next)."""
+        for name in names:
+            for file in self.array(name).chunk_files([block])[block]:
+                if file.is_dir() and not file.is_symlink():
+                    where = os.path.relpath(file, self.path)
+                    raise UserError(f"{self.path}: {where} is a folder where a chunk file of block {block} "
+                                    "goes; move it away and run again")
 
     def empty_rows(self, name: str, rows: int) -> np.ndarray:
         """``(rows, *row_shape)`` in the dtype of array ``name``, filled as failed rows are: NaN, or 0
@@ -434,21 +453,46 @@ class FeatureStore(ConsistentReads):
                             "done); run the same `features` command again to finish it")
 
 
-def _check_replaceable(path: Path) -> None:
-    """Refuse to delete anything but a feature store (or an empty folder) on ``--overwrite``."""
+#: the arrays a store may hold besides its outputs (FNE's derived ones, and their names mid ``--rethreshold``)
+STORE_ARRAYS = ("imgid", "valid", "blocks_done", "failures", "fne/mean", "fne/std", TERNARY, TERNARY_NEW,
+                TERNARY_OLD)
+#: the file :func:`features.run.probe_writable` creates in a store (a killed run may leave it)
+_PROBE = re.compile(r"\.write-probe-\d+")
+
+
+def check_replaceable(path: Path) -> None:
+    """Refuse in one line to delete anything but a feature store (or an empty folder) on ``--overwrite``, and
+    a store holding anything ``features`` did not write (a ``NOTES.txt``): it would be deleted with it.
+
+    The store's own entries follow from its record (``outputs``) and the layout every store has
+    (:data:`STORE_ARRAYS`; :func:`vsecore.outputs.zarr_foreign_entries`)."""
     if path.is_dir() and not any(path.iterdir()):
         return
     try:
-        attrs = json.loads((path / "zarr.json").read_text(encoding="utf-8")).get("attributes", {})
-    except (OSError, ValueError):
+        meta = json.loads(read_text(path / "zarr.json", "its metadata", most=MAX_GROUP_METADATA_BYTES))
+        attrs = meta.get("attributes", {}) if isinstance(meta, dict) else {}
+    except (UserError, ValueError, RecursionError):
         attrs = {}
-    if MARKER not in attrs:
+    if not isinstance(attrs, dict) or MARKER not in attrs:
         raise UserError(f"{path}: exists and is not a feature store; refusing to overwrite it")
+    outputs = attrs.get("outputs") if isinstance(attrs.get("outputs"), dict) else {}
+    foreign = zarr_foreign_entries(path, [*STORE_ARRAYS, *map(str, outputs)], beside=_PROBE)
+    if foreign:
+        raise UserError(f"{path}: a feature store, but it also holds '{foreign[0]}', which features did not "
+                        "write; refusing to replace it (move that away, or give another --out)")
+
+
+def remove_killed_leftovers(path: str | os.PathLike) -> None:
+    """Delete what killed writers left beside the store ``path`` (:func:`vsecore.io.stale_siblings`): the
+    half-built store of a creation or ``--overwrite`` (``.NAME.XXXXXXXX.partial``), the old one between two
+    renames (``.NAME.old-PID``), saying so. Call it holding the store's lock: no live writer owns them."""
+    for stale in remove_stale_siblings(path):
+        console.warning(f"features: removed {stale.name} (left by a killed run)")
 
 
 def remove_store(path: str | os.PathLike) -> None:
     """Delete a feature store (checked to be one)."""
     path = Path(path)
     if path.exists():
-        _check_replaceable(path)
+        check_replaceable(path)
         shutil.rmtree(path)

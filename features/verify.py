@@ -4,8 +4,10 @@ A block flagged done promises that its rows are on disk. Two depths check that p
 
 - **files** (:func:`check_files`; every ``features cnn|fne|regions`` that resumes a store runs it):
   for every block flagged done, the chunk file of each per-block array (``imgid``, ``valid``,
-  ``failures`` and the extracted rows, ``global``, ``fne/raw`` or the region arrays) exists and is
-  not empty. Only ``stat`` calls, a few per block, no data read: cheap even for a 34 GB FNE store.
+  ``failures`` and the extracted rows, ``global``, ``fne/raw`` or the region arrays) exists, is a
+  regular file (not a folder in its place: Zarr would read either as NaN rows) and is not empty
+  (:func:`features.store_array.chunk_file_problem`, the readers' rule). Only ``stat`` calls, a few per
+  block, no data read: cheap even for a 34 GB FNE store.
 - **values** (:func:`verify_store`, ``features verify``): also decodes every chunk of those blocks
   (and of ``fne/ternary``, ``fne/mean``, ``fne/std`` of a finished FNE store), checks that valid
   rows are finite, ternary values are in {-1, 0, 1}, ``imgid`` is the row, region ``counts`` are
@@ -35,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from features.store import TERNARY, FeatureStore
+from features.store_array import MISSING, chunk_file_problem
 from features.store_read import check_store_matches
 from prep.dataset import PreparedDataset
 from vsecore.errors import UserError
@@ -94,7 +97,8 @@ def row_arrays(store: FeatureStore) -> list[str]:
 
 def check_files(store: FeatureStore, names: list[str] | None = None,
                 blocks: list[int] | None = None) -> dict[int, list[str]]:
-    """Blocks flagged done (or ``blocks``) with a missing or empty chunk file: block -> problems.
+    """Blocks flagged done (or ``blocks``) with a chunk file that is missing, not a regular file (a folder
+    in its place) or empty: block -> problems.
 
     ``stat`` only. Stores written before every chunk was written (no ``empty_chunks_written``
     attribute) legitimately lack the ``failures`` chunk of a block without failures.
@@ -104,17 +108,14 @@ def check_files(store: FeatureStore, names: list[str] | None = None,
         blocks = [int(b) for b in np.flatnonzero(_flags(store)[0])]
     problems: dict[int, list[str]] = {}
     for name in names or row_arrays(store):
-        if legacy and name == "failures":
-            continue
         for b, files in store.array(name).chunk_files(blocks).items():
             for file in files:
-                try:
-                    size = file.stat().st_size
-                except FileNotFoundError:
-                    problems.setdefault(b, []).append(f"{_rel(store, file)} missing")
-                    continue
-                if size == 0:
-                    problems.setdefault(b, []).append(f"{_rel(store, file)} empty")
+                problem = chunk_file_problem(file, required=not (legacy and name == "failures"))
+                if problem is None and file.is_file() and file.stat().st_size == 0:
+                    problem = "empty"
+                if problem is not None:
+                    sep = " " if problem in (MISSING, "empty") else ": "
+                    problems.setdefault(b, []).append(f"{_rel(store, file)}{sep}{problem}")
     return problems
 
 

@@ -193,7 +193,7 @@ class PreparedDataset:
         raw = _read_bytes(file)
         sha256 = hashlib.sha256(raw).hexdigest()
         cache = rows_cache_file(root, len(raw))
-        found = cached_rows(cache, sha256)
+        found = cached_rows(cache, sha256, len(raw))
         if found is not None:
             rows, meta = found
         else:

@@ -12,12 +12,18 @@ or under ``$VSE_CAPTION_CACHE``; ``VSE_CAPTION_CACHE=0`` turns both caches off. 
 
 The file holds the SHA-256 of the ``dataset.json`` bytes it was made from, and is used only for those
 bytes: :class:`~prep.dataset.PreparedDataset` hashes the bytes it reads at every load, so a re-prepared or
-edited dataset is parsed again and its cache replaced. Every array is checked when read (names, dtypes,
-lengths, offsets, codes within their tables, the text UTF-8); a damaged file is one warning line, then
-the dataset is parsed and the file replaced. Only columns a file round-trips exactly are cached (strings,
-integers, ``null`` and booleans as values; a file with any other, such as a token that is no string, is
-parsed each time). Files are written through a temporary sibling and renamed (:func:`vsecore.io.atomic_file`).
-The columns read back equal the parsed ones (``tests/test_dataset_cache.py``).
+edited dataset is parsed again and its cache replaced. It also carries a digest of its own content
+(:func:`vsecore.containers.write_npz`), since the SHA-256 of ``dataset.json`` says nothing of the arrays
+beside it. A read (:func:`read_rows_cache`) checks, in this order and before using anything: the member
+names and every member's header (dtype, declared shape: lengths that agree across members and stay within
+what a ``dataset.json`` of its size can hold, or, its size not given, what the file holds), then reads the
+arrays while recomputing the digest, then the record (version, dataset), then the columns (offsets, codes
+within their tables, the text UTF-8). A file that fails any of it, or cannot be read at all (any error), is
+one warning line, then the dataset is parsed and the file replaced; one of another version or dataset is a
+detail line. Only columns a file round-trips exactly are cached (strings, integers, ``null`` and booleans as
+values; a file with any other, such as a token that is no string, is parsed each time). Files are written
+through a temporary sibling and renamed (:func:`vsecore.io.atomic_file`). The columns read back equal the
+parsed ones (``tests/test_dataset_cache.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +38,11 @@ import numpy as np
 
 from prep.dataset_rows import DatasetRows, TextColumn, TokenColumn, ValueColumn
 from vsecore import console
-from vsecore.io import atomic_file
+from vsecore.containers import ContainerError, Member, NoDigest, one_line, read_npz, write_npz
 
-#: version of the file's content; a file of another version is read again from ``dataset.json``
-ROWS_CACHE_VERSION = 1
+#: version of the file's content; a file of another version is read again from ``dataset.json`` (2: the
+#: file carries a digest of its content)
+ROWS_CACHE_VERSION = 2
 #: ``0``/``off``/``no``/``false``: no cache; a folder: where the caches go; unset: beside the dataset
 CACHE_ENV = "VSE_CAPTION_CACHE"
 CACHE_SUFFIX = ".vse-captions"
@@ -49,6 +55,35 @@ _PLAIN = (str, int, bool, type(None))
 _TEXTS = ("filenames", "raws", "tokens")
 _VALUES = ("filepaths", "splits", "karpathy_splits", "langs")
 _INTS = ("cocoids", "sentids")
+#: what each column has one row for: ``n`` images or ``m`` sentences
+_COUNT = {"filenames": "n", "filepaths": "n", "splits": "n", "karpathy_splits": "n", "cocoids": "n",
+          "raws": "m", "tokens": "m", "langs": "m", "sentids": "m"}
+_INT64, _INT32, _BYTES = ("int64",), ("int32",), ("uint8",)
+
+
+def _members() -> dict[str, Member]:
+    """Every array a rows cache may hold, with its dtype and shape (``n`` images, ``m`` sentences; a column
+    of values is int64 values or int32 codes into a table of the record, so each form is optional)."""
+    members = {"record": Member(_BYTES, shape=("record",)), "starts": Member(_INT64, shape=("n+1",)),
+               "tokens.empty": Member(_INT64, shape=("empty",))}
+    for name in _TEXTS:
+        members[f"{name}.text"] = Member(_BYTES, shape=(f"{name}_bytes",))
+        members[f"{name}.offsets"] = Member(_INT64, shape=(f"{_COUNT[name]}+1",))
+    for name in (*_VALUES, *_INTS):
+        members[name] = Member(_INT64, shape=(_COUNT[name],), optional=True)
+        members[f"{name}.codes"] = Member(_INT32, shape=(_COUNT[name],), optional=True)
+    return members
+
+
+_MEMBERS = _members()
+
+
+def _bounds(most: int) -> dict[str, int]:
+    """The most each length of a rows cache may declare for a ``dataset.json`` of ``most`` bytes: every
+    image, sentence and token costs bytes there, a JSON string is never shorter than its UTF-8, and the
+    record re-encodes values JSON may write shorter (``1e5`` is ``100000.0``)."""
+    return {"n": most, "m": most, "empty": most, **{f"{t}_bytes": most for t in _TEXTS},
+            "record": 4 * most + (64 << 10)}
 
 
 def cache_folder(root: Path) -> Path | None:
@@ -66,21 +101,6 @@ def rows_cache_file(root: Path, size: int) -> Path | None:
     when it has none (caches off, or a small file)."""
     folder = cache_folder(root)
     return None if folder is None or size < MIN_CACHED_BYTES else folder / ROWS_FILE
-
-
-def read_npz(path: Path) -> dict[str, np.ndarray] | str:
-    """Every array of the cache file ``path`` (no pickles), or why it cannot be read (a phrase)."""
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            return {name: npz[name] for name in npz.files}
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
-        return f"unreadable ({type(exc).__name__}: {exc})"
-
-
-def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Write the cache file ``path`` (a temporary sibling, then a rename: a reader sees a whole file)."""
-    with atomic_file(path) as fh:
-        np.savez(fh, **arrays)
 
 
 def text_arrays(column: TextColumn) -> tuple[np.ndarray, np.ndarray]:
@@ -142,28 +162,36 @@ def write_rows_cache(path: Path, sha256: str, rows: DatasetRows, meta: dict[str,
     arrays["record"] = np.frombuffer(encoded.encode("utf-8", "surrogatepass"), dtype=np.uint8)
     arrays["starts"] = rows.starts
     try:
-        write_npz(path, arrays)
+        write_npz(path, arrays)  # with a digest of the arrays, which every read checks
     except OSError as exc:  # a read-only or full disk: the rows are still right, only not kept
         console.detail(f"dataset cache {path} not written ({exc.strerror or exc}); parsed at every load")
         return False
     return True
 
 
-def read_rows_cache(path: Path, sha256: str) -> tuple[DatasetRows, dict[str, Any]] | str:
+def read_rows_cache(path: Path, sha256: str, dataset_bytes: int | None = None
+                    ) -> tuple[DatasetRows, dict[str, Any]] | str:
     """``(rows, meta)`` from ``path`` when it was made from the ``dataset.json`` bytes of SHA-256
-    ``sha256`` and every array checks out, else why not (a phrase)."""
-    arrays = read_npz(path)
-    if isinstance(arrays, str):
-        return arrays
+    ``sha256`` and everything checks out (the module docstring's order), else why not (a phrase; any error
+    a hostile file can raise, MemoryError included, is one). ``dataset_bytes``: the size of that
+    ``dataset.json``, the bound of every length the file may declare (without it, the file's own size)."""
     try:
+        most = path.stat().st_size if dataset_bytes is None else dataset_bytes
+        arrays = read_npz(path, _MEMBERS, _bounds(most), digest=True)
         record = json.loads(arrays.pop("record").tobytes().decode("utf-8", "surrogatepass"))
         if record.get("version") != ROWS_CACHE_VERSION:
             return "made by another version"
         if record.get("dataset_sha256") != sha256:
             return "made for another dataset"
         rows = _rows_of(arrays, record)
+    except NoDigest:
+        return "made by another version (no digest)"
+    except ContainerError as exc:
+        return str(exc)
     except (KeyError, ValueError, TypeError, AttributeError, IndexError) as exc:
-        return f"damaged ({type(exc).__name__}: {exc})"
+        return f"damaged ({one_line(exc)})"
+    except Exception as exc:  # whatever else a hostile file raises: a rebuild, never a traceback
+        return f"unreadable ({one_line(exc)})"
     if isinstance(rows, str):
         return rows
     return rows, record["meta"]
@@ -225,12 +253,14 @@ def _rows_of(arrays: dict[str, np.ndarray], record: dict[str, Any]) -> DatasetRo
         langs=sentences["langs"], originals=originals)
 
 
-def cached_rows(path: Path | None, sha256: str) -> tuple[DatasetRows, dict[str, Any]] | None:
-    """The rows kept in ``path`` for the ``dataset.json`` bytes of SHA-256 ``sha256``, or None (no file,
-    or one for other bytes: a detail line; a damaged one: a warning line)."""
+def cached_rows(path: Path | None, sha256: str, dataset_bytes: int | None = None
+                ) -> tuple[DatasetRows, dict[str, Any]] | None:
+    """The rows kept in ``path`` for the ``dataset.json`` bytes of SHA-256 ``sha256`` (``dataset_bytes``
+    long: :func:`read_rows_cache`), or None (no file, or one of another version or for other bytes: a
+    detail line; a damaged or unreadable one: a warning line)."""
     if path is None or not path.is_file():
         return None
-    found = read_rows_cache(path, sha256)
+    found = read_rows_cache(path, sha256, dataset_bytes)
     if isinstance(found, str):
         say = console.detail if found.startswith("made ") else console.warning
         say(f"dataset cache {path}: {found}; reading dataset.json again")

@@ -1,6 +1,7 @@
 """Captions encoded once (train.engine.caption_cache): the caption sets and batches read from the cache are
 those of the loader that encoded every caption at load time, bit for bit, for every text input; a damaged,
-foreign or unwritable cache is re-encoded, never trusted."""
+foreign or unwritable cache is re-encoded, never trusted (captions moved to other images, which only the
+file's digest tells: tests/test_containers.py, through `train evaluate`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from train.engine import caption_cache
 from train.engine.caption_cache import cache_file, split_captions
 from train.engine.codecs import TextCodec, text_codec
 from train.engine.data import epoch_batches, load_caption_set, read_features
+from vsecore.containers import DIGEST, write_npz
 
 INVALID = (3, 26)  # a train image and a val image whose features failed
 
@@ -129,18 +131,30 @@ def damage(path: Path, how: str, codec: TextCodec) -> None:
         path.write_bytes(path.read_bytes()[:200])
     elif how == "garbage":
         path.write_bytes(b"not a cache" * 50)
-    else:  # a well-formed file whose codes leave the vocabulary, or whose offsets overrun the codes
+    else:  # a well-formed file (its digest made anew) whose arrays do not fit together
         with np.load(path) as npz:
-            arrays = dict(npz)
+            arrays = {k: npz[k] for k in npz.files if k != DIGEST}
         if how == "codes out of bounds":
             arrays["codes"][5] = codec.vocab_size
-        else:
+        elif how == "offsets overrun":
             arrays["offsets"][-1] += 1
-        np.savez(path.with_suffix(".tmp.npz"), **arrays)
-        path.with_suffix(".tmp.npz").replace(path)
+        elif how == "a huge count of captions":
+            arrays["per_image"][0] = 2**62
+        elif how == "codes of another dtype":
+            arrays["codes"] = arrays["codes"].astype(np.int64)
+        else:
+            arrays["text"] = np.zeros(10**6, dtype=np.uint8)  # more text than the dataset has
+        write_npz(path, arrays)
 
 
-@pytest.mark.parametrize("how", ["truncated", "garbage", "codes out of bounds", "offsets overrun"])
+DAMAGE = {"truncated": "not a readable archive", "garbage": "not a readable archive",
+          "codes out of bounds": "codes outside the vocabulary", "offsets overrun": "offsets do not fit",
+          "a huge count of captions": "captions per image outside",
+          "codes of another dtype": "array codes is <i8",
+          "more text than the dataset": "more than the"}
+
+
+@pytest.mark.parametrize("how", DAMAGE)
 def test_a_damaged_cache_is_one_warning_and_encoded_again(tiny, how, capsys) -> None:
     ds, x, valid = tiny
     codec = codecs(ds)["chars"]
@@ -151,10 +165,30 @@ def test_a_damaged_cache_is_one_warning_and_encoded_again(tiny, how, capsys) -> 
     cs = load_caption_set(ds, x, valid, "train", "en", 30, codec=codec)
     assert_same(cs, reference_caption_set(ds, valid, "train", ["en"], codec))
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and str(path) in err[0] and "encoding the captions again" in err[0]
+    assert len(err) == 1 and str(path) in err[0] and "encoding the captions again" in err[0], err
+    assert DAMAGE[how] in err[0], err
     capsys.readouterr()
     load_caption_set(ds, x, valid, "train", "en", 30, codec=codec)  # replaced by a good one
     assert not capsys.readouterr().err
+
+
+def test_a_cache_of_the_version_before_digests_is_a_detail_and_encoded_again(tiny, capsys) -> None:
+    ds, x, valid = tiny
+    codec = codecs(ds)["chars"]
+    load_caption_set(ds, x, valid, "train", "en", 30, codec=codec)
+    path = cache_file(cache_folder(ds.root), "train", ["en"], codec)
+    with np.load(path) as npz:
+        arrays = {k: npz[k] for k in npz.files if k != DIGEST}
+    meta = {**json.loads(arrays["meta"].tobytes()), "version": 1}
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    np.savez(path.with_suffix(".tmp.npz"), **arrays)  # as version 1 wrote it: no digest
+    path.with_suffix(".tmp.npz").replace(path)
+    capsys.readouterr()
+    cs = load_caption_set(ds, x, valid, "train", "en", 30, codec=codec)
+    assert not capsys.readouterr().err  # a detail line, shown only with --verbose
+    assert_same(cs, reference_caption_set(ds, valid, "train", ["en"], codec))
+    with np.load(path) as npz:
+        assert DIGEST in npz.files
 
 
 def test_a_cache_of_another_dataset_or_vocabulary_is_not_used(tiny, monkeypatch) -> None:

@@ -209,7 +209,7 @@ def _npy_with_header(path: Path, shape: tuple[int, ...], body: bytes) -> str:
 #: (case, make the --npy file, words of the message)
 HOSTILE_IMPORTS = [
     ("header claims 1e7 x 1000 on 1 KB",
-     lambda d: _npy_with_header(d / "h.npy", (10_000_000, 1000), b"\0" * 1024), "header says"),
+     lambda d: _npy_with_header(d / "h.npy", (10_000_000, 1000), b"\0" * 1024), "header declares"),
     ("complex values",
      lambda d: np.save(d / "c.npy", np.ones((N_TEST, 3), np.complex64)) or str(d / "c.npy"), "complex"),
     ("not a .npy file",

@@ -181,6 +181,40 @@ def test_deleted_chunk_is_reported_repaired_and_recomputed(data, tmp_path, capsy
     assert main(["verify", str(out)]) == 0
 
 
+def test_a_folder_in_a_chunks_place_is_damage_and_never_written_through(data, tmp_path, capsys):
+    """issue 41.4: Zarr reads a folder where a chunk file belongs as NaN rows ("valid rows not finite");
+    verify names the file, the reader names the chunk, and the resume, which recomputes the block, says in
+    one line that the folder is in the way (Zarr failed with IsADirectoryError) and deletes nothing of it.
+    The half-built store a kill left beside the store goes with the next run."""
+    import shutil
+
+    clean, out = tmp_path / "clean.zarr", tmp_path / "s.zarr"
+    assert cnn(data, clean) == 0 and cnn(data, out) == 0
+    chunk = out / "global" / "c" / "1" / "0"
+    chunk.unlink()
+    chunk.mkdir()
+    (chunk / "mine.txt").write_text("mine")
+    capsys.readouterr()
+    assert main(["verify", str(out)]) == 2
+    assert "  block 1: global/c/1/0: a folder, not a file" in capsys.readouterr().out.splitlines()
+    with pytest.raises(UserError, match=r"'global' is damaged at rows 2-3 \(chunk file global/c/1/0: a fo"):
+        read_matrix(str(out))
+    assert cnn(data, out) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "(block 1: global/c/1/0: a folder, not a file); recomputing them" in err[0]
+    assert err[1] == (f"features: error: {out}: global/c/1/0 is a folder where a chunk file of block 1 goes; "
+                      "move it away and run again")
+    assert (chunk / "mine.txt").read_text() == "mine"
+    shutil.rmtree(chunk)
+    stale = tmp_path / ".s.zarr.abcd_123.partial"
+    (stale / "global").mkdir(parents=True)  # what a kill while --overwrite built the store leaves
+    assert cnn(data, out) == 0
+    assert f"features: removed {stale.name} (left by a killed run)" in capsys.readouterr().err
+    assert not stale.exists()
+    for name in ("global", "valid", "blocks_done", "imgid"):
+        np.testing.assert_array_equal(FeatureStore(out).array(name)[:], FeatureStore(clean).array(name)[:])
+
+
 def test_verify_repair_clears_flags_of_bad_blocks(data, tmp_path, capsys):
     out = tmp_path / "s.zarr"
     store = new_store(out, 8, block=3)
@@ -379,3 +413,46 @@ def test_sigkilled_rethreshold_leaves_a_complete_array(fne_store):
     np.testing.assert_array_equal(values, old_values)
     rethreshold_store(fne_store, -1.0, 1.0)  # the lock of the killed run is stale, the leftover removed
     assert ternary_state(fne_store)[0] == [-1.0, 1.0] and not (fne_store / TERNARY_NEW).exists()
+
+
+# -- issue 41.5 and 41.9: where `features import` and `features cnn` may write ---------------------------
+def test_import_out_a_dangling_link_a_users_file_and_a_killed_creation(tmp_path, capsys):
+    """`features import --out` a symbolic link to nowhere is one line (it was a NotADirectoryError traceback);
+    the half-built store a kill left beside `--out` (`.NAME.XXXXXXXX.partial`) is removed by the next import
+    holding the lock (it stayed for ever); `--overwrite` keeps a store holding a file features did not
+    write (it was deleted with the store)."""
+    from helpers import minimal_prepared
+
+    data = minimal_prepared(tmp_path / "data", 8, 4)
+    npy = tmp_path / "train.npy"
+    np.save(npy, np.random.default_rng(0).random((8, 16), dtype=np.float32))
+    argv = ["import", "--format", "precomp", "--npy", str(npy), "--data", str(data), "--split", "train",
+            "--out"]
+    link = tmp_path / "o.zarr"
+    link.symlink_to(tmp_path / "nowhere")
+    assert main([*argv, str(link)]) == 2
+    assert f"--out {link}: is a symbolic link to {tmp_path / 'nowhere'}, which does" in one_line_error(capsys)
+    out = tmp_path / "s.zarr"
+    stale = tmp_path / ".s.zarr.k9x2m4q1.partial"  # what a SIGKILL while the store was created leaves
+    (stale / "imgid").mkdir(parents=True)
+    (stale / "zarr.json").write_text("{}")
+    assert main([*argv, str(out)]) == 0
+    assert "features: removed .s.zarr.k9x2m4q1.partial (left by a killed run)" in capsys.readouterr().err
+    assert not stale.exists()
+    (out / "NOTES.txt").write_text("mine")
+    assert main([*argv, str(out), "--overwrite"]) == 2
+    err = one_line_error(capsys)
+    assert "a feature store, but it also holds 'NOTES.txt', which features did not write" in err
+    assert (out / "NOTES.txt").read_text() == "mine"
+
+
+def test_overwrite_keeps_a_store_holding_a_users_file_before_the_model_loads(data, tmp_path, monkeypatch,
+                                                                              capsys):
+    out = tmp_path / "s.zarr"
+    assert cnn(data, out) == 0
+    capsys.readouterr()
+    (out / "global" / "NOTES.txt").write_text("mine")
+    monkeypatch.setattr("features.run.cached_mapper", lambda f: pytest.fail("the model was loaded"))
+    assert cnn(data, out, "--overwrite") == 2
+    assert "also holds 'global/NOTES.txt', which features did not write" in one_line_error(capsys)
+    assert (out / "global" / "NOTES.txt").read_text() == "mine" and FeatureStore(out).attrs["complete"]

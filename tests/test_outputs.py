@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +15,15 @@ import pytest
 
 from vsecore.errors import UserError, resume_hint, run_cli
 from vsecore.io import _host_tag, atomic_file
-from vsecore.outputs import PREPARED, RUN, STORE, artifact_kind, check_output_file, check_output_folder
+from vsecore.outputs import (
+    PREPARED,
+    RUN,
+    STORE,
+    artifact_kind,
+    check_output_file,
+    check_output_folder,
+    zarr_foreign_entries,
+)
 
 
 def _artifacts(tmp_path: Path) -> dict[str, Path]:
@@ -81,6 +90,40 @@ def test_output_folders_keep_other_files_and_name_what_they_would_replace(tmp_pa
     check_output_folder(out, ["test_img.npy"], overwrite=True)
     with pytest.raises(UserError, match="not a folder"):
         check_output_folder(out / "notes.txt", ["x"])
+
+
+def test_an_output_folder_is_no_dangling_link(tmp_path: Path) -> None:
+    """issue 41.5: a writer given a symbolic link to nowhere made its folder beside the link and then failed
+    renaming it over the link (a NotADirectoryError traceback); now one line, and a link to a folder is
+    judged by the folder, as before."""
+    (tmp_path / "o.zarr").symlink_to("/nonexistent/o.zarr")
+    with pytest.raises(UserError, match=r"^--out .*o\.zarr: is a symbolic link to /nonexistent/o\.zarr, "
+                                        r"which does not exist; remove the link or give another folder$"):
+        check_output_folder(tmp_path / "o.zarr", [])
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    assert check_output_folder(tmp_path / "link", []) == tmp_path / "link"
+
+
+def test_a_zarr_groups_foreign_entries_are_what_its_writer_does_not_make(tmp_path: Path) -> None:
+    """The files of a Zarr v3 group follow from its arrays (metadata, chunk trees, Zarr's own write
+    temporaries); anything else, at any depth, is the user's (a writer replacing the group refuses)."""
+    group = tmp_path / "s.zarr"
+    for made in ("zarr.json", "zarr.0123456789abcdef0123456789abcdef.partial", ".write-probe-12",
+                 "imgid/zarr.json", "imgid/c/0", "imgid/c/1", "fne/zarr.json", "fne/raw/zarr.json",
+                 "fne/raw/c/0/0", "fne/raw/c/0/1.0123456789abcdef0123456789abcdef.partial"):
+        (group / made).parent.mkdir(parents=True, exist_ok=True)
+        (group / made).write_text("")
+    probe = re.compile(r"\.write-probe-\d+")
+    assert zarr_foreign_entries(group, ["imgid", "fne/raw", "fne/mean"], beside=probe) == []
+    for mine in ("NOTES.txt", "imgid/notes", "fne/raw/c/0/x.npy", "fne/raw/c/old/0", "fne/extra/zarr.json",
+                 "global/zarr.json"):
+        (group / mine).parent.mkdir(parents=True, exist_ok=True)
+        (group / mine).write_text("mine")
+    (group / "imgid" / "c" / "2").symlink_to(group / "imgid" / "c" / "0")
+    assert zarr_foreign_entries(group, ["imgid", "fne/raw", "fne/mean"], beside=probe) == [
+        "NOTES.txt", "fne/extra", "fne/raw/c/0/x.npy", "fne/raw/c/old", "global", "imgid/c/2", "imgid/notes"]
+    assert ".write-probe-12" in zarr_foreign_entries(group, ["imgid", "fne/raw"])
 
 
 def _raises(exc: BaseException):

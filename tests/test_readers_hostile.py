@@ -1,4 +1,5 @@
-"""Text inputs received from someone else: special files and unreadable numbers (issue 30.1, 30.2).
+"""Text inputs received from someone else: special files and unreadable numbers (issue 30.1, 30.2); and
+``.npy`` inputs of ``train evaluate`` read from checked headers (issue 41.3).
 
 Every command's text input goes through ``vsecore.io.read_text``: a regular file of bounded size,
 opened without blocking. One table: file kind x corruption -> exit 2 and one line naming the file, in
@@ -14,6 +15,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 #: the subprocess's address-space cap: torch's CUDA build maps about 3 GiB of virtual memory at start
@@ -56,6 +58,15 @@ def deep_yaml(path: Path) -> Path:
     return path
 
 
+def forged_npy(path: Path) -> Path:
+    """A .npy file whose header declares 10,000,000 x 1,000 float32 (40 GB) on 1 KB of data (issue 41.3)."""
+    with open(path, "wb") as fh:
+        np.lib.format.write_array_header_1_0(fh, {"descr": "<f4", "fortran_order": False,
+                                                  "shape": (10**7, 1000)})
+        fh.write(bytes(1000))
+    return path
+
+
 def run_folder(make: Callable[[Path], Path]) -> Callable[[Path], Path]:
     """A run folder whose config.json is made by ``make``."""
     def build(path: Path) -> Path:
@@ -87,6 +98,11 @@ CASES = [
      "is not a regular file"),
     ("a run's config.json linked to /dev/zero", run_folder(dev_zero), ("train", "evaluate", "--run", "INPUT"),
      "is not a regular file"),
+    ("embeddings whose .npy header declares 40 GB on 1 KB", forged_npy,
+     ("train", "evaluate", "--img-emb", "INPUT", "--cap-emb", "INPUT", "--measure", "cosine"),
+     "but the file holds 1,000 after it"),
+    ("a similarity matrix that is a FIFO", fifo, ("train", "evaluate", "--sims", "INPUT"),
+     "not a regular file"),
 ]
 
 

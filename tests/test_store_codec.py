@@ -253,3 +253,34 @@ def test_a_run_accepts_the_recompressed_copy_in_place_of_its_store(tmp_path: Pat
     assert train_main(["evaluate", "--run", str(run), "--device", "cpu", "--overwrite"]) == 0
     assert FeatureStore(store.path).attrs["codec"] == "lz4"
     assert json.loads((run / "eval" / "test_best.json").read_text()) == before
+
+
+def test_recompress_out_is_never_a_dangling_link_nor_a_store_holding_a_users_file(tmp_path: Path,
+                                                                                    capsys) -> None:
+    """issue 41.5: `--out` a symbolic link to nowhere was a NotADirectoryError traceback (after the copy was
+    built beside it); `--overwrite` onto a copy holding a NOTES.txt deleted the note with the copy. Both
+    are one line now, and nothing is written or deleted; the copy's own files alone are replaced."""
+    source = make_store(tmp_path / "z.zarr", "zstd")
+    link, nowhere = tmp_path / "o.zarr", tmp_path / "nowhere"
+    link.symlink_to(nowhere)
+    argv = ["recompress", str(source.path), "--codec", "lz4", "--out"]
+    assert main([*argv, str(link)]) == 2
+    assert capsys.readouterr().err.strip() == (f"features: error: --out {link}: is a symbolic link to "
+                                               f"{nowhere}, which does not exist; remove the link or give "
+                                               "another folder")
+    assert link.is_symlink() and not nowhere.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".o.zarr")] == []
+    out = tmp_path / "l.zarr"
+    assert main([*argv, str(out)]) == 0
+    before = FeatureStore(out).attrs["generation"]
+    for note in ("NOTES.txt", "regions/NOTES.txt", "regions/c/1/notes", "fne"):
+        (out / note).write_text("mine")
+        capsys.readouterr()
+        assert main([*argv, str(out), "--overwrite"]) == 2, note
+        err = capsys.readouterr().err.strip()
+        assert err == (f"features: error: {out}: a feature store, but it also holds '{note}', which features "
+                       "did not write; refusing to replace it (move that away, or give another --out)"), err
+        assert (out / note).read_text() == "mine" and FeatureStore(out).attrs["generation"] == before
+        (out / note).unlink()
+    assert main([*argv, str(out), "--overwrite"]) == 0  # only its own files: replaced
+    assert FeatureStore(out).attrs["generation"] != before and verify_store(out).ok

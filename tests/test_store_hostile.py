@@ -227,3 +227,101 @@ def test_a_store_is_never_written_inside_an_input_or_another_artifact(data: Path
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
     assert f"--out {out}" in lines[0] and not out.exists()
+
+
+# -- issue 41.4: a chunk file missing, or a folder in its place, is damage in every reader -------------------
+REGION_SHAPE = (8, 1024)  # 32 KiB float32 rows: one inner chunk per row, in one shard file per block
+
+#: a batch reader (what training uses when the features do not fit its memory): every row, read by StoreRows
+READ_ROWS = ("from features.rows import open_rows\nfrom vsecore.errors import UserError\nimport sys\n"
+             "try:\n    rows, _ = open_rows(sys.argv[1])\n"
+             "    assert rows.direct == (':regions' in sys.argv[1])  # the shard reader for regions\n"
+             "    rows.take(list(range(len(rows))))\nexcept UserError as exc:\n    sys.exit(str(exc))\n")
+
+
+def make_region_store(path: Path) -> Path:
+    """A complete 116-row region store (`regions`, `counts`) in blocks of 32 rows, no failures."""
+    store = FeatureStore.create(path, np.arange(ROWS), {"regions": REGION_SHAPE, "counts": ()}, BLOCK,
+                                config={"kind": "regions"}, provenance={}, dtypes={"counts": "int32"})
+    rng = np.random.default_rng(1)
+    for block in range(store.n_blocks):
+        start, stop = store.block_rows(block)
+        rows = {"regions": rng.standard_normal((stop - start, *REGION_SHAPE)).astype(np.float32),
+                "counts": np.full(stop - start, REGION_SHAPE[0], np.int32)}
+        store.write_block(block, rows, np.ones(stop - start, bool), [])
+    store.set_attrs(complete=True)
+    return path
+
+
+def removed(chunk: str) -> Callable[[Path], None]:
+    return lambda store: (store / chunk).unlink()
+
+
+def folder_in_place(chunk: str) -> Callable[[Path], None]:
+    def corrupt(store: Path) -> None:
+        (store / chunk).unlink()
+        (store / chunk).mkdir()
+        (store / chunk / "x").write_bytes(b"\x28\xb5\x2f\xfd")  # not even empty
+    return corrupt
+
+
+#: (case, array, corruption, its chunk file, its block, what the one line says of the file)
+CHUNK_CASES = [
+    ("a removed shard", "regions", removed("regions/c/1/0/0"), "regions/c/1/0/0", 1, "missing"),
+    ("a folder in a shard's place", "regions", folder_in_place("regions/c/1/0/0"), "regions/c/1/0/0", 1,
+     "a folder, not a file"),
+    ("a removed chunk file", "global", removed("global/c/2/0"), "global/c/2/0", 2, "missing"),
+    ("a folder in a chunk's place", "global", folder_in_place("global/c/2/0"), "global/c/2/0", 2,
+     "a folder, not a file"),
+]
+
+
+@pytest.fixture(scope="module")
+def pristine_regions(tmp_path_factory) -> Path:
+    return make_region_store(tmp_path_factory.mktemp("regions") / "regions.zarr")
+
+
+@pytest.mark.parametrize("case,key,corrupt,chunk,block,problem", CHUNK_CASES, ids=[c[0] for c in CHUNK_CASES])
+def test_a_missing_chunk_file_or_a_folder_in_its_place_is_named_by_every_reader(
+        pristine: Path, pristine_regions: Path, tmp_path: Path, case: str, key: str,
+        corrupt: Callable[[Path], None], chunk: str, block: int, problem: str) -> None:
+    """`features verify`, the whole-array reader (read_matrix: the direct chunk reader for `global`, Zarr for
+    sharded `regions`) and the batch reader (StoreRows: its direct shard reader for `regions`) each say in
+    one line which chunk file of which rows is damaged. Before: the shard reader raised FileNotFoundError
+    or IsADirectoryError tracebacks, and Zarr read both as NaN rows ("valid rows ... not finite")."""
+    import shutil
+
+    store = tmp_path / "feats.zarr"
+    shutil.copytree(pristine_regions if key == "regions" else pristine, store, symlinks=True)
+    corrupt(store)
+    done = run("features", "verify", str(store))
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "1 damaged block(s)" in lines[0], done.stderr[-2000:]
+    said = f"{chunk} missing" if problem == "missing" else f"{chunk}: {problem}"
+    assert f"  block {block}: {said}" in done.stdout.splitlines(), done.stdout
+    for script in (READ, READ_ROWS):
+        done = subprocess.run([sys.executable, "-c", script, f"{store}:{key}"], capture_output=True,
+                              text=True, timeout=TIME_CAP, preexec_fn=_limits)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and len(lines) == 1, (case, done.stderr[-2000:])
+        rows = f"rows {block * BLOCK}-{block * BLOCK + BLOCK - 1}"
+        assert f"array '{key}' is damaged at {rows} (chunk file {chunk}: {problem})" in lines[0], lines[0]
+
+
+def test_training_on_a_store_with_a_folder_in_a_shards_place_is_one_line(data: Path, pristine_regions: Path,
+                                                                        tmp_path: Path) -> None:
+    """issue 41.4 as it was met: `train clmr` reading its region rows a batch at a time from the store
+    (VSE_FEATURE_MEMORY_MB=0: the direct shard reader) printed an IsADirectoryError traceback."""
+    import shutil
+
+    store = tmp_path / "regions.zarr"
+    shutil.copytree(pristine_regions, store)
+    folder_in_place("regions/c/1/0/0")(store)
+    train = ["clmr", "--data", str(data), "--features", f"{store}:regions", "--d", "16", "--batch-size", "8",
+             "--epochs", "1", "--device", "cpu", "--val-images", "4", "--out", str(tmp_path / "run")]
+    done = subprocess.run([sys.executable, "-m", "train", *train], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1", VSE_FEATURE_MEMORY_MB="0"))
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-3000:]
+    assert lines[0].startswith("train: error: ") and ("array 'regions' is damaged at rows 32-63 (chunk file "
+                                                       "regions/c/1/0/0: a folder, not a file)") in lines[0]

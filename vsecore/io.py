@@ -275,17 +275,7 @@ def read_text(path: str | os.PathLike, expected: str = "a text file", missing: s
     from vsecore.errors import UserError
 
     try:
-        # O_NONBLOCK: opening a FIFO does not wait for a writer; fstat then refuses it
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except FileNotFoundError:
-        raise UserError(missing or f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a folder, expected {expected}") from None
-    except OSError as exc:
-        raise UserError(f"{path}: not readable ({exc.strerror or type(exc).__name__})") from None
-    try:
-        with os.fdopen(fd, "rb") as fh:
-            _check_regular(path, os.fstat(fd), most, expected)
+        with open_regular(path, expected, missing, most) as fh:
             data = fh.read(most + 1)
     except OSError as exc:
         raise UserError(f"{path}: not readable ({exc.strerror or type(exc).__name__})") from None
@@ -445,3 +435,51 @@ def exclusive_lock(target: str | os.PathLike, what: str = "this output") -> Iter
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         os.close(fd)
+
+
+class NotRegularFile(OSError):
+    """A path that names a FIFO, a device or a socket: never read (a FIFO blocks, /dev/zero never ends)."""
+
+
+def open_regular_file(path: str | os.PathLike) -> IO[bytes]:
+    """``path`` opened to read bytes if it is a regular file (links followed); else ``IsADirectoryError``,
+    :class:`NotRegularFile`, or the ``OSError`` of ``open`` (``FileNotFoundError``, ...). Nothing is read:
+    the one opening of every bounded reader (:func:`open_regular`, :mod:`vsecore.containers`)."""
+    # O_NONBLOCK: opening a FIFO does not wait for a writer; fstat then refuses it
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(errno.EINVAL, "not a regular file (a FIFO, device or socket)", str(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_regular(path: str | os.PathLike, expected: str, missing: str | None, most: int) -> IO[bytes]:
+    """``path`` opened to read bytes, or :func:`read_text`'s one-line UserError (missing: ``missing`` or
+    ``PATH: no such file``; a folder, a FIFO or device, more than ``most`` bytes, not readable). The opening
+    of every bounded reader of text: :func:`read_text`, :func:`vsecore.lines.open_lines`."""
+    from vsecore.errors import UserError
+
+    try:
+        fh = open_regular_file(path)
+    except FileNotFoundError:
+        raise UserError(missing or f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a folder, expected {expected}") from None
+    except NotRegularFile:
+        raise UserError(f"{path}: {expected} is not a regular file (a FIFO, device or socket); refusing to "
+                        "read it") from None
+    except OSError as exc:
+        raise UserError(f"{path}: not readable ({exc.strerror or type(exc).__name__})") from None
+    try:
+        _check_regular(path, os.fstat(fh.fileno()), most, expected)
+    except BaseException:
+        fh.close()
+        raise
+    return fh

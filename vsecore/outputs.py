@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from vsecore.errors import UserError
@@ -61,6 +61,62 @@ def is_written_file(entry: os.DirEntry, written: Written) -> bool:
 def foreign_files(folder: str | os.PathLike, written: Written) -> list[str]:
     """The entries of ``folder`` that are not files of the ``written`` names (sorted names)."""
     return sorted(e.name for e in os.scandir(folder) if not is_written_file(e, written))
+
+
+#: a Zarr v3 node's metadata, or the temporary of Zarr's atomic write of it (``zarr.<hex>.partial``)
+_ZARR_META = re.compile(r"zarr\.json|zarr\.[0-9a-f]{32}\.partial")
+#: a component of a Zarr chunk key (``c/3/0/0``), or the temporary of a chunk's write
+_ZARR_CHUNK = re.compile(r"\d+(?:\.[0-9a-f]{32}\.partial)?")
+
+
+def zarr_foreign_entries(folder: str | os.PathLike, arrays: Iterable[str],
+                         beside: re.Pattern[str] | None = None) -> list[str]:
+    """The entries of the Zarr v3 group ``folder`` its writer did not make (paths relative to it, sorted).
+
+    A writer makes the group's metadata, the ``arrays`` (names such as ``fne/raw``: the groups on their
+    path, each array's ``zarr.json`` and its chunk tree ``c/`` of numbered folders and files) and, beside
+    them at the top, files whose names ``beside`` matches. Anything else (a ``NOTES.txt`` at any depth, a
+    symbolic link, a folder of another name) is the user's: a writer that replaces the group refuses while
+    it is there, as ``prep`` does for a prepared dataset.
+    """
+    tree: dict[str, dict | None] = {}
+    for name in arrays:
+        *groups, last = name.split("/")
+        node = tree
+        for group in groups:
+            if node.get(group) is None:
+                node[group] = {}
+            node = node[group]
+        node.setdefault(last, None)
+    return sorted(_foreign_in_group(Path(folder), tree, "", beside))
+
+
+def _foreign_in_group(folder: Path, tree: dict[str, dict | None], prefix: str,
+                      beside: re.Pattern[str] | None) -> Iterator[str]:
+    written = re.compile(f"{_ZARR_META.pattern}|{beside.pattern}") if beside is not None else _ZARR_META
+    for name in foreign_files(folder, written):
+        entry = folder / name
+        if name not in tree or not entry.is_dir() or entry.is_symlink():
+            yield prefix + name
+        elif tree[name] is None:
+            yield from _foreign_in_array(entry, f"{prefix}{name}/")
+        else:
+            yield from _foreign_in_group(entry, tree[name] or {}, f"{prefix}{name}/", None)
+
+
+def _foreign_in_array(folder: Path, prefix: str) -> Iterator[str]:
+    for name in foreign_files(folder, _ZARR_META):
+        chunks = folder / name
+        if name != "c" or not chunks.is_dir() or chunks.is_symlink():
+            yield prefix + name
+            continue
+        for root, dirs, files in os.walk(chunks):
+            for entry in (*dirs, *files):
+                path = os.path.join(root, entry)
+                if not _ZARR_CHUNK.fullmatch(entry) or os.path.islink(path):
+                    yield prefix + os.path.relpath(path, folder)
+            dirs[:] = [d for d in dirs
+                       if _ZARR_CHUNK.fullmatch(d) and not os.path.islink(os.path.join(root, d))]
 
 
 def is_run_folder(path: str | os.PathLike) -> bool:
@@ -176,6 +232,10 @@ def check_output_folder(path: str | os.PathLike, names: Iterable[str], *,
     out = _resolved(path)
     if out == Path(out.anchor):
         raise UserError(f"{option} {path}: is the file system root; give a folder of its own")
+    if os.path.islink(path) and not out.exists():
+        # a dangling link: the folder would be made where it points, or the link replaced by it
+        raise UserError(f"{option} {path}: is a symbolic link to {os.readlink(path)}, which does not exist; "
+                        "remove the link or give another folder")
     if out.exists() and not out.is_dir():
         raise UserError(f"{option} {path}: exists and is not a folder")
     _check_artifact(out, path, owner, option)

@@ -13,9 +13,14 @@ there, one sub-folder per dataset. A dataset whose parent folder cannot be writt
 One file per split, languages and codec, named by them (a changed ``--max-chars`` is another file). It
 holds the SHA-256 of ``dataset.json`` (of the bytes :class:`~prep.dataset.PreparedDataset` read, no second
 read) and the codec's identity (kind, limits, and a hash of its symbols): a file made for another dataset
-or vocabulary is re-encoded and replaced, never used. Every array is
-checked when read (names, dtypes, shapes, offsets, code bounds, text); a damaged file is one warning
-line, then re-encoded and replaced. Files are written through a temporary sibling and renamed
+or vocabulary is re-encoded and replaced, never used. The file also carries a digest of its own content
+(:func:`vsecore.containers.write_npz`): the SHA-256 of ``dataset.json`` says nothing of the arrays beside
+it. A read (:func:`read_cache`) checks, in this order: the member names and every member's header (dtype,
+declared shape: lengths that agree across members and stay within what the dataset holds, its images,
+captions and text), then reads the arrays while recomputing the digest, then the key, then the arrays
+themselves (offsets, code bounds, text). A file that fails any of it, or cannot be read at all (any error),
+is one warning line, then re-encoded and replaced; one of another version, dataset or codec is a detail
+line. Files are written through a temporary sibling and renamed
 (:func:`vsecore.io.atomic_file`), so concurrent runs each see a whole file: two runs encoding at once
 write the same bytes, and the last rename wins.
 
@@ -35,14 +40,17 @@ from pathlib import Path
 import numpy as np
 
 from prep.dataset import PreparedDataset
-from prep.dataset_cache import cache_folder, read_npz, text_arrays, text_column, write_npz
+from prep.dataset_cache import cache_folder, text_arrays, text_column
 from prep.dataset_rows import TextColumn
 from train.engine.codecs import TextCodec
 from vsecore import console
+from vsecore.containers import ContainerError, Member, NoDigest, one_line, read_npz, write_npz
 
-#: version of the file's content; a file of another version is re-encoded
-CACHE_VERSION = 1
-_INDEX_ARRAYS = ("image_rows", "per_image", "offsets", "text_offsets")
+#: version of the file's content; a file of another version is re-encoded (2: it carries a digest of its
+#: content)
+CACHE_VERSION = 2
+#: the most bytes of a cache's key (its ``meta`` array: a few hundred)
+MAX_KEY_BYTES = 1 << 20
 
 
 @dataclass
@@ -127,10 +135,10 @@ def split_captions(dataset: PreparedDataset, split: str, langs: Sequence[str], c
     key = {"version": CACHE_VERSION, "dataset_sha256": dataset.dataset_sha256,
            "split": split, "langs": list(langs), "codec": codec_identity(codec)}
     if path.is_file():
-        found = read_cache(path, key, codec, len(dataset.images))
+        found = read_cache(path, key, codec, dataset)
         if isinstance(found, SplitCaptions):
             return found
-        say = console.detail if found.startswith("made for") else console.warning
+        say = console.detail if found.startswith("made ") else console.warning
         say(f"caption cache {path}: {found}; encoding the captions again")
     captions = encode_split(dataset, split, langs, codec)
     try:
@@ -141,7 +149,8 @@ def split_captions(dataset: PreparedDataset, split: str, langs: Sequence[str], c
 
 
 def write_cache(path: Path, key: dict[str, object], captions: SplitCaptions) -> None:
-    """Write ``captions`` and their ``key`` into ``path`` (a temporary sibling, then a rename)."""
+    """Write ``captions`` and their ``key`` into ``path``, with a digest of them (a temporary sibling, then
+    a rename)."""
     text, text_offsets = text_arrays(TextColumn(captions.texts))
     arrays = {"meta": np.frombuffer(json.dumps(key).encode(), dtype=np.uint8),
               "image_rows": captions.image_rows, "per_image": captions.per_image, "codes": captions.codes,
@@ -150,42 +159,65 @@ def write_cache(path: Path, key: dict[str, object], captions: SplitCaptions) -> 
     write_npz(path, arrays)
 
 
-def read_cache(path: Path, key: dict[str, object], codec: TextCodec, n_images: int) -> SplitCaptions | str:
-    """The captions in ``path`` if it holds ``key``'s and every array checks out, else why not (a phrase)."""
-    arrays = read_npz(path)
-    if isinstance(arrays, str):
-        return arrays
+def cache_members(codec: TextCodec) -> dict[str, Member]:
+    """The arrays of a cache file of ``codec``, with dtypes and shapes: ``r`` images with captions, ``m``
+    captions, ``s`` codes, ``t`` bytes of text."""
+    index = ("int64",)
+    return {"meta": Member(("uint8",), shape=("key",)), "image_rows": Member(index, shape=("r",)),
+            "per_image": Member(index, shape=("r",)), "offsets": Member(index, shape=("m+1",)),
+            "text_offsets": Member(index, shape=("m+1",)), "text": Member(("uint8",), shape=("t",)),
+            "codes": Member((codes_dtype(codec).str,), shape=("s",))}
+
+
+def cache_bounds(dataset: PreparedDataset, codec: TextCodec) -> dict[str, int]:
+    """The most each length of a cache file may declare for ``dataset`` and ``codec``: its images, its
+    captions, at most ``max_len`` positions of ``item_width`` codes each, 4 UTF-8 bytes a character."""
+    rows = dataset.rows
+    captions = int(rows.starts[-1])
+    raws = rows.raws
+    chars = len(raws.text) if raws.values is None else sum(len(str(v)) for v in raws.values)
+    return {"key": MAX_KEY_BYTES, "r": len(rows.starts) - 1, "m": captions,
+            "s": captions * max(1, codec.max_len) * codec.item_width, "t": 4 * chars}
+
+
+def read_cache(path: Path, key: dict[str, object], codec: TextCodec, dataset: PreparedDataset
+               ) -> SplitCaptions | str:
+    """The captions in ``path`` if it holds ``key``'s and everything checks out (the module docstring's
+    order), else why not (a phrase; any error a hostile file can raise, MemoryError included, is one)."""
     try:
+        arrays = read_npz(path, cache_members(codec), cache_bounds(dataset, codec), digest=True)
         meta = json.loads(arrays.pop("meta").tobytes().decode("utf-8"))
-    except (KeyError, ValueError) as exc:
-        return f"unreadable record ({type(exc).__name__})"
-    if meta != key:
-        what = "dataset" if meta.get("dataset_sha256") != key["dataset_sha256"] else "codec or version"
-        return f"made for another {what}"
-    why = check_arrays(arrays, codec, n_images)
-    if why:
-        return why
-    try:
+        if not isinstance(meta, dict):
+            return "unreadable record (not an object)"
+        if meta != key:
+            what = "dataset" if meta.get("dataset_sha256") != key["dataset_sha256"] else "codec or version"
+            return f"made for another {what}"
+        why = check_arrays(arrays, codec, len(dataset.images))
+        if why:
+            return why
         texts = list(text_column(arrays["text"], arrays["text_offsets"], len(arrays["offsets"]) - 1))
-    except ValueError as exc:  # not UTF-8 (UnicodeDecodeError), or offsets that do not fit it
-        return f"its text: {exc}"
+    except NoDigest:
+        return "made by another version (no digest)"
+    except ContainerError as exc:
+        return str(exc)
+    except ValueError as exc:  # a record not JSON; text not UTF-8, or offsets that do not fit it
+        return f"damaged ({one_line(exc)})"
+    except Exception as exc:  # whatever else a hostile file raises: a rebuild, never a traceback
+        return f"unreadable ({one_line(exc)})"
     return SplitCaptions(arrays["image_rows"], arrays["per_image"], arrays["codes"], arrays["offsets"], texts)
 
 
 def check_arrays(arrays: dict[str, np.ndarray], codec: TextCodec, n_images: int) -> str | None:
-    """Why the arrays of a cache file cannot be the encoded captions of ``codec`` (None when they can)."""
-    expected = {*_INDEX_ARRAYS, "codes", "text"}
-    if set(arrays) != expected:
-        return f"arrays {sorted(arrays)} instead of {sorted(expected)}"
-    wrong = [n for n in _INDEX_ARRAYS if arrays[n].dtype != np.int64 or arrays[n].ndim != 1]
-    if wrong or arrays["codes"].dtype != codes_dtype(codec) or arrays["text"].dtype != np.uint8:
-        return f"wrong dtype or shape ({', '.join(wrong) or 'codes or text'})"
+    """Why the arrays of a cache file, their names, dtypes and shapes checked (:func:`cache_members`),
+    cannot be the encoded captions of ``codec`` (None when they can)."""
     rows, per_image, codes, offsets = (arrays[n] for n in ("image_rows", "per_image", "codes", "offsets"))
     m = len(offsets) - 1
-    if m < 0 or len(per_image) != len(rows) or len(arrays["text_offsets"]) != m + 1 or per_image.sum() != m:
+    # each count within 1..m before the sum: a huge one would wrap it, and select() repeat by it
+    if len(rows) and (per_image.min() < 1 or per_image.max() > m):
+        return "captions per image outside 1..captions"
+    if per_image.sum() != m:
         return "array lengths disagree"
-    if len(rows) and (rows[0] < 0 or rows[-1] >= n_images or (np.diff(rows) <= 0).any()
-                      or per_image.min() < 1):
+    if len(rows) and (rows[0] < 0 or rows[-1] >= n_images or (np.diff(rows) <= 0).any()):
         return f"image rows not ascending within the dataset's {n_images} images"
     steps = np.diff(offsets)
     width = codec.item_width

@@ -1,38 +1,70 @@
 """Saved inputs of ``train evaluate``: embeddings, the caption-image map and similarity matrices from
-``.npy`` files of any codebase, checked with one-line errors (no pickles are ever loaded)."""
+``.npy`` files of any codebase, checked with one-line errors (no pickles are ever loaded).
+
+Every file is read from its checked header (:mod:`vsecore.containers`): the dtype and shape are checked,
+and the data the header declares must fit in the file (or the archive entry), before any data is read, so
+a forged header (shape ``(10**11, 1024)`` on a 1 KB file) is one line, not a MemoryError."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from train.retrieval.evaluate.ranking import Log
+from vsecore.containers import (
+    ContainerError,
+    Member,
+    NpyHeader,
+    npy_header,
+    npz_headers,
+    open_regular,
+    read_npy,
+    read_npz,
+)
 from vsecore.errors import UserError
 
+_ZIP_MAGIC = b"PK\x03\x04"
 
-def _load_npy(path: Path, what: str) -> object:
-    """``np.load`` without pickles; a missing or unreadable file is a one-line :class:`UserError`."""
+
+def _load_npy(path: Path, what: str, check: Callable[[NpyHeader], None], npz: bool = False) -> np.ndarray:
+    """The array of ``path`` (``.npy``; with ``npz`` also an ``.npz`` of one array, deflated or not), read
+    only after ``check`` passed its header (dtype, shape: a one-line :class:`UserError`) and the header
+    declared no more data than the file holds. A missing, unreadable or special file (a FIFO, a device) is
+    a one-line UserError."""
     try:
-        return np.load(path, allow_pickle=False)
+        with open_regular(path) as fh:
+            is_zip = fh.read(4) == _ZIP_MAGIC
+        if npz and is_zip:
+            headers = npz_headers(path, compressed=True)
+            if len(headers) != 1:
+                raise UserError(f"{path}: expected one array in the .npz, found {sorted(headers)}")
+            (name, header), = headers.items()
+            check(header)
+            pinned = Member(dtypes=(header.dtype.str,), shape=header.shape)
+            return read_npz(path, {name: pinned}, {}, compressed=True)[name]
+        header = npy_header(path)
+        check(header)
+        return read_npy(path, Member(dtypes=(header.dtype.str,), shape=header.shape))
     except FileNotFoundError:
         raise UserError(f"{path}: {what} file not found") from None
-    except (ValueError, OSError) as exc:
+    except (ContainerError, OSError) as exc:
         raise UserError(f"{path}: cannot read {what} as .npy ({exc})") from None
+    except MemoryError:  # a header within the file's size, but an array larger than this machine holds
+        raise UserError(f"{path}: not enough memory for the {what} array its header declares") from None
 
 
 def load_embedding_file(path: str | Path, what: str) -> np.ndarray:
     """A 2-D float array from ``.npy`` (or ``.npz`` with one array), as float32 (rows, d)."""
     path = Path(path)
-    data = _load_npy(path, f"{what} embeddings")
-    if isinstance(data, np.lib.npyio.NpzFile):
-        keys = list(data.keys())
-        if len(keys) != 1:
-            raise UserError(f"{path}: expected one array in the .npz, found {keys}")
-        data = data[keys[0]]
-    if data.ndim != 2 or not np.issubdtype(data.dtype, np.number):
-        raise UserError(f"{path}: {what} embeddings must be a 2-D numeric array, got {data.dtype} "
-                        f"{data.shape}")
+
+    def check(header: NpyHeader) -> None:
+        if len(header.shape) != 2 or header.dtype.kind not in "iufc":
+            raise UserError(f"{path}: {what} embeddings must be a 2-D numeric array, got {header.dtype} "
+                            f"{header.shape}")
+
+    data = _load_npy(path, f"{what} embeddings", check, npz=True)
     return np.ascontiguousarray(data, dtype=np.float32)
 
 
@@ -42,12 +74,15 @@ def load_caption_image(path: str | Path, n_images: int, n_captions: int, grouped
     least one caption (any number each); with ``grouped`` (a ``--sims`` matrix), in image order.
     Anything else is a one-line :class:`UserError` naming the file."""
     path = Path(path)
-    ci = _load_npy(path, "caption-image")
-    if not isinstance(ci, np.ndarray) or ci.ndim != 1 or not np.issubdtype(ci.dtype, np.integer):
-        what = f"{ci.dtype} {ci.shape}" if isinstance(ci, np.ndarray) else type(ci).__name__
-        raise UserError(f"{path}: expected a 1-D integer array (the image row of each caption), got {what}")
-    if ci.shape[0] != n_captions:
-        raise UserError(f"{path}: {ci.shape[0]} entries for {n_captions} captions (one per caption)")
+
+    def check(header: NpyHeader) -> None:
+        if len(header.shape) != 1 or header.dtype.kind not in "iu":
+            raise UserError(f"{path}: expected a 1-D integer array (the image row of each caption), got "
+                            f"{header.dtype} {header.shape}")
+        if header.shape[0] != n_captions:
+            raise UserError(f"{path}: {header.shape[0]} entries for {n_captions} captions (one per caption)")
+
+    ci = _load_npy(path, "caption-image", check)
     if n_captions and (int(ci.min()) < 0 or int(ci.max()) >= n_images):
         bad = int(np.flatnonzero((ci < 0) | (ci >= n_images))[0])
         raise UserError(f"{path}: caption {bad} names image row {int(ci[bad])}, outside 0..{n_images - 1}")
@@ -94,10 +129,11 @@ def load_similarity_file(path: str | Path) -> np.ndarray:
     """A precomputed (images, captions) similarity matrix from ``.npy``, memory-mapped (never read whole)."""
     path = Path(path)
     try:
+        npy_header(path)  # a regular file whose header declares no more than it holds (a FIFO would block)
         sims = np.load(path, mmap_mode="r", allow_pickle=False)
     except FileNotFoundError:
         raise UserError(f"{path}: similarity matrix file not found") from None
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError) as exc:  # ContainerError is a ValueError
         raise UserError(f"{path}: cannot read a similarity matrix as .npy ({exc})") from None
     if not isinstance(sims, np.ndarray):
         raise UserError(f"{path}: expected one array in .npy format (save the matrix with np.save)")
