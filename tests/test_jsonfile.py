@@ -15,7 +15,7 @@ CASES = [
     ("nested", b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
     ("huge integer", b'{"size": ' + b"9" * (MAX_DIGITS + 1) + b"}", "'size': an integer of more than"),
     ("not UTF-8", b'{"a": "\xff"}', "not UTF-8 text"),
-    ("too big", b'{"a": "' + b"x" * 200 + b'"}', "more than the 100 bytes"),
+    ("too big", b'{"a": "' + b"x" * 200 + b'"}', "209 bytes, more than the 100"),
     ("wrong kind", b"[1, 2]", "expected a JSON object at the top level, got list"),
     ("lone surrogate", b'{"caption": "a \\ud800 b"}', "caption: 'a \\ud800 b' holds a lone surrogate"),
 ]
