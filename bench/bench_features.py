@@ -12,7 +12,7 @@ and the ratios end-to-end / bare forward, so the pipeline's overhead is visible.
     .venv/bin/python bench/bench_features.py --cnn efficientnet_lite0 --weights none --images 32
     .venv/bin/python bench/bench_features.py --cnn vgg16 --weights none --device cuda --images 256
 
-``--verify-rows N`` instead times the two integrity checks of :mod:`features.verify` on a finished
+``--verify-rows N`` instead times the two integrity checks of :mod:`features.store.verify` on a finished
 synthetic FNE store of N rows (VGG16 width, 12,416; random values): the chunk-file check every
 resume runs, and the full decode of ``features verify``, with the store's size on disk.
 
@@ -35,11 +35,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from features.crops import normalization_table, pixel_crops, resized_pixels  # noqa: E402
-from features.images import load_image  # noqa: E402
-from features.mapper import ImageMapper  # noqa: E402
+from features.extractors.crop_mapper import ImageMapper  # noqa: E402
+from features.extractors.crops import normalization_table, pixel_crops, resized_pixels  # noqa: E402
+from features.extractors.images import load_image  # noqa: E402
 from features.run import run_features  # noqa: E402
-from features.settings import FeaturesSection  # noqa: E402
+from features.settings import features_settings  # noqa: E402
 from vsecore.device import resolve_device  # noqa: E402
 
 
@@ -84,9 +84,9 @@ def bench_verify(rows: int, width: int, block: int) -> None:
     """Print the time of the resume check (stat only) and of ``features verify`` (decode everything)."""
     import numpy as np
 
-    from features.extract import finish_fne
-    from features.store import FeatureStore
-    from features.verify import check_files, verify_store
+    from features.store.core import FeatureStore
+    from features.store.ternary import finish_fne
+    from features.store.verify import check_files, verify_store
 
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -185,10 +185,10 @@ def bench_end_to_end(args: argparse.Namespace, paths: list[Path], device: str, f
     with tempfile.TemporaryDirectory() as tmp:
         data = make_dataset(Path(tmp) / "prep", paths)
         for kind in ("cnn",) if args.skip_fne else ("cnn", "fne"):
-            settings = FeaturesSection(kind=kind, data=str(data), out=str(Path(tmp) / f"{kind}.zarr"),
-                                       cnn=args.cnn, weights=args.weights, crops=args.crops,
-                                       batch_size=args.batch_size, block_size=args.block_size,
-                                       device=device, amp=args.amp, threads=torch.get_num_threads())
+            settings = features_settings(kind=kind, data=str(data), out=str(Path(tmp) / f"{kind}.zarr"),
+                                         cnn=args.cnn, weights=args.weights, crops=args.crops,
+                                         batch_size=args.batch_size, block_size=args.block_size,
+                                         device=device, amp=args.amp, threads=torch.get_num_threads())
             t0 = time.perf_counter()
             run_features(settings, overwrite=True, progress=False)
             total = time.perf_counter() - t0

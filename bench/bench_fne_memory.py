@@ -10,7 +10,7 @@ size (``ru_maxrss``):
   :func:`train.retrieval.fit.run_training`.
   Everything but the feature array is the same in both (dataset, captions, evaluation, torch), so
   ``train W - train 16`` is what the features cost;
-* ``dense``: ``features.store.read_matrix(STORE:fne)`` of the wide store without ``keep_dtype``, i.e.
+* ``dense``: ``features.store.read.read_matrix(STORE:fne)`` of the wide store without ``keep_dtype``, i.e.
   one float32 copy (what training must not make), against ``imports`` (the same process, nothing read).
 
 It prints the sizes that bound the difference: the int8 array, the image-side weights ``W_i`` with their
@@ -50,7 +50,7 @@ sys.path.insert(0, {root!r})
 spec = json.loads(sys.argv[1])
 import torch
 torch.set_num_threads(1)
-from features.store_read import read_matrix
+from features.store.read import read_matrix
 from train.models.family import train_settings
 from train.retrieval import fit
 if spec["mode"] == "train":
@@ -92,7 +92,7 @@ def make_dataset(root: Path, images: int, seed: int = 0) -> Path:
 
 def make_fne_store(path: Path, images: int, width: int, block: int = 1000, seed: int = 0) -> Path:
     """A complete store whose ``fne/ternary`` is a random int8 array in {-1, 0, 1}, written by blocks."""
-    from features.store import FeatureStore
+    from features.store.core import FeatureStore
 
     store = FeatureStore.create(path, np.arange(images), {"fne/ternary": width}, block_size=block,
                                 config={"bench": True}, provenance={"network": "synthetic FNE"},

@@ -42,7 +42,7 @@ def _run(tree: Path, args: list[str]) -> float:
 
 def end_to_end(trees: list[Path], work: Path, images: int, rows: int, width: int, repeat: int) -> None:
     """Best wall time of each command under each tree."""
-    from features.interop import import_npy
+    from features.interop.imports import import_npy
 
     data = work / "data"
     subprocess.run([sys.executable, "-m", "prep", "synthetic", "--num-images", str(images),
@@ -109,7 +109,7 @@ def checks_alone(work: Path, coco_sample: Path | None) -> None:
     spacy = (time.perf_counter() - start) / len(texts)
     print(f"caption cleaner (surrogates + controls): {cleaner * 1e6:.2f} us per caption; spaCy tokenization "
           f"{spacy * 1e6:.1f} us per caption ({cleaner / spacy:.2%})")
-    from prep.sources import _SURROGATE_ESCAPE
+    from vsecore.jsonfile import _SURROGATE_ESCAPE
 
     text = json.dumps({"images": [{"filename": f"COCO_{i:012d}.jpg", "sentences": [
         {"raw": "a man riding a horse on a beach near the water", "tokens": ["a"] * 10}] * 5}

@@ -15,7 +15,7 @@ COCO's size from random numbers, with no CNN:
   reads the ternary array only);
 - ``grid-regions.zarr``: ``regions`` (N, 49, 1280) float16 (rectified normal) and ``counts`` (all 49).
 
-Every store is written block by block with :class:`features.store.FeatureStore` (block size 256, as
+Every store is written block by block with :class:`features.store.core.FeatureStore` (block size 256, as
 ``features``), records the dataset's ``images_sha256`` and is complete, so the readers' checks run as for
 a real one. Then, in one subprocess per family and phase (so peak memories do not mix):
 
@@ -64,7 +64,7 @@ FAMILY_FEATURES = {
 PHASES = ("load", "train", "eval")
 #: ``--codec lz4``: the region families read this copy of ``grid-regions.zarr`` (``features recompress``)
 LZ4_REGIONS = "grid-regions-lz4.zarr"
-FNE_WIDTH = 12_416  # VGG16: 13 conv layers + fc6 + fc7 (features/fne.py)
+FNE_WIDTH = 12_416  # VGG16: 13 conv layers + fc6 + fc7 (features/extractors/full_network.py)
 BLOCK = 256
 GIB = 2**30
 
@@ -118,7 +118,7 @@ def write_karpathy(path: Path, scale: float, seed: int) -> dict[str, int]:
 def write_store(path: Path, dataset: Any, outputs: dict[str, Any], dtypes: dict[str, str], kind: str,
                 fill: Any, seed: int) -> None:
     """A complete store of ``dataset``'s images, block by block: ``fill(rng, rows) -> {name: values}``."""
-    from features.store import FeatureStore
+    from features.store.core import FeatureStore
 
     fingerprint = dataset.images_fingerprint()
     n = len(dataset.images)
@@ -147,8 +147,8 @@ def ternary(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
 
 def write_fne_statistics(path: Path) -> None:
     """``fne/mean`` and ``fne/std`` as ``features fne`` writes them, and the ternary thresholds."""
-    from features.store import FeatureStore
-    from features.store_layout import ARRAY_CONFIG
+    from features.store.core import FeatureStore
+    from features.store.layout import ARRAY_CONFIG
 
     store = FeatureStore(path, mode="r+")
     for name, value in (("fne/mean", 0.0), ("fne/std", 1.0)):
@@ -339,7 +339,7 @@ def phase_eval(family: str, root: Path, scale: float, eval_captions: int, codec:
     from train.models.family import model_spec
     from train.models.joint import build_model
     from train.retrieval.evaluate import PROTOCOLS, protocol_folds
-    from train.retrieval.validation import retrieval_metrics
+    from train.retrieval.evaluate.entry import Embedded, evaluate_retrieval
     from vsecore.errors import UserError
 
     s = settings_of(family, root, scale, codec=codec)
@@ -367,7 +367,8 @@ def phase_eval(family: str, root: Path, scale: float, eval_captions: int, codec:
         except UserError:
             pass
     t3 = time.perf_counter()
-    retrieval_metrics(images, captions, test.caption_image, s, protocols=tuple(protocols))
+    evaluate_retrieval(Embedded(images, captions, s.measure, s.order_sqrt),
+                       torch.as_tensor(test.caption_image), tuple(protocols))
     return {"read_s": t1 - t0, "embed_images_s": t2 - t1, "embed_captions_s": captions_s,
             "captions_embedded": k, "embed_s": t2 - t1 + captions_s, "rank_s": time.perf_counter() - t3,
             "test_images": test.num_images, "test_captions": len(test), "protocols": protocols,

@@ -4,11 +4,11 @@ Two measurements, each of the added work alone against the work it is added to, 
 not depend on how busy the machine is:
 
 - **reader**: ``read_matrix`` of a finished synthetic ``global`` store (``--rows`` x ``--width`` float32,
-  blocks of ``--block-size``) against the checks it gained: :func:`features.store.check_row_records`
+  blocks of ``--block-size``) against the checks it gained: :func:`features.store.read.check_row_records`
   (``imgid``, ``blocks_done``, ``failures``) and the two ``zarr.json`` reads of the generation check.
 - **extraction**: per image, ``load_image`` of real COCO JPEGs (what every block does before the network)
-  against :func:`features.images.check_work` (the work bound) and, per block,
-  :func:`features.extract.check_images_available` over a block's (empty) failures; plus the one-off
+  against :func:`features.extractors.images.check_work` (the work bound) and, per block,
+  :func:`features.executors.extract.check_images_available` over a block's (empty) failures; plus the one-off
   ``probe_writable`` of a run.
 
     .venv/bin/python bench/bench_store_safety.py --rows 50000 --width 2048
@@ -27,11 +27,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from features.extract import check_images_available  # noqa: E402
-from features.images import check_work, load_image  # noqa: E402
+from features.executors.extract import check_images_available  # noqa: E402
+from features.extractors.images import check_work, load_image  # noqa: E402
 from features.run import probe_writable  # noqa: E402
-from features.store import FeatureStore  # noqa: E402
-from features.store_read import check_row_records, read_matrix  # noqa: E402
+from features.store.core import FeatureStore  # noqa: E402
+from features.store.read import check_row_records, read_matrix  # noqa: E402
 
 
 def best(fn, repeat: int) -> float:

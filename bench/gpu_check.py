@@ -2,8 +2,9 @@
 
 From a fresh clone, with no data and no network (random weights, random images and features made here):
 
-- **extraction**: ``features.mapper.ImageMapper`` (10 crops per image, the paper's) on ``--images``
-  synthetic 640 x 480 images, global features and the Full-Network Embedding, float32 and bf16 AMP;
+- **extraction**: ``features.extractors.crop_mapper.ImageMapper`` (10 crops per image, the paper's) on
+  ``--images`` synthetic 640 x 480 images, global features and the Full-Network Embedding, float32 and bf16
+  AMP;
 - **steps**: every registered family's model, objective and :class:`train.engine.trainer.Trainer` step
   (forward, loss, backward, Adam) at its COCO defaults on its own feature shape (4,096-d globals, the 12,416-d
   int8 FNE, 49 x 1,280 float16 regions), ``--steps`` steps in float32 and in bf16 autocast, and
@@ -11,7 +12,8 @@ From a fresh clone, with no data and no network (random weights, random images a
 - **evaluation**: COCO-5k and COCO-1k (5,000 images, 25,000 captions, d 1,024) ranked on the device, order
   violation and cosine (``train.retrieval.evaluate.evaluate_protocols``);
 - **loader**: batches of region features read per batch from a sharded store
-  (``features.rows.StoreRows``), ``--workers 0`` and ``--workers 2`` with pinned memory, moved to the device.
+  (``features.store.rows.StoreRows``), ``--workers 0`` and ``--workers 2`` with pinned memory, moved to the
+  device.
 
 Beside each device number, where cheap, the same work on the CPU, and the device's results against the CPU's:
 the rows of the first few images (relative difference), each family's loss on its first batch (eval mode,
@@ -60,18 +62,18 @@ from gpu_check_data import (  # noqa: E402
     relative_difference,
 )
 
-from features.backbones import load_backbone  # noqa: E402
-from features.crops import normalization_table, pixel_crops, resized_pixels  # noqa: E402
-from features.mapper import ImageMapper  # noqa: E402
-from features.recompress import recompress_store  # noqa: E402
-from features.rows import open_rows  # noqa: E402
+from features.extractors.backbones import load_backbone  # noqa: E402
+from features.extractors.crop_mapper import ImageMapper  # noqa: E402
+from features.extractors.crops import normalization_table, pixel_crops, resized_pixels  # noqa: E402
+from features.store.recompress import recompress_store  # noqa: E402
+from features.store.rows import open_rows  # noqa: E402
 from train.engine.data import ImageRows, batch_loader  # noqa: E402
-from train.engine.inference import autocast, batch_to  # noqa: E402
+from train.engine.inference import batch_to  # noqa: E402
 from train.engine.trainer import Trainer  # noqa: E402
 from train.models.family import build_objective, model_spec, train_settings, with_family_defaults  # noqa: E402
 from train.models.joint import build_model  # noqa: E402
 from train.retrieval.evaluate import evaluate_protocols  # noqa: E402
-from vsecore.device import resolve_device  # noqa: E402
+from vsecore.device import autocast, resolve_device  # noqa: E402
 from vsecore.errors import UserError  # noqa: E402
 from vsecore.io import write_json_atomic  # noqa: E402
 from vsecore.outputs import check_output_file  # noqa: E402

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from features.store import FeatureStore
+from features.store.core import FeatureStore
 from prep.dataset import Vocabulary
 from train.engine.codecs import TextCodec
 from train.engine.data import CaptionSet, ImageRows

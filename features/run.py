@@ -1,35 +1,41 @@
-"""``features cnn|fne|regions`` as a library: images of a prepared dataset -> a feature store.
+"""``features <kind>`` as a library: images of a prepared dataset -> a feature store.
 
 :func:`run_features` is the whole extraction for one validated :class:`~features.settings.FeaturesSection`:
-the mapper's recipe from :mod:`features.recipe`, blocks mapped and written by
-:func:`features.extract.extract` in this process or on a Dask cluster, the FNE statistics and ternary
-code after them;
-:func:`rethreshold_store` rewrites only the ternary code. Both hold the store's lock
-(:func:`vsecore.io.exclusive_lock`) for their whole run. :mod:`features.cli`, the pipeline runner and
-the benchmarks call them.
+the extractor its ``kind`` names (:mod:`features.extractors`), the mapper's recipe from
+:mod:`features.extractors.recipe`, blocks mapped and written by :func:`features.executors.extract.extract`
+in this process or on a Dask cluster, then what the extractor does once every block is in (the FNE
+statistics and ternary code); :func:`rethreshold_store` rewrites only the ternary code. Both hold the
+store's lock (:func:`vsecore.io.exclusive_lock`) for their whole run. :mod:`features.cli`, the pipeline
+runner and the benchmarks call them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import math
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from features.executors import cached_mapper, check_scheduler, open_executor
-from features.extract import ExtractSummary, Mapper, extract, finish_fne, retry_failures, write_ternary
-from features.images import check_sizes
-from features.recipe import SPEED_KEYS, ImageMapperFactory, recorded_settings
+from features.executors import check_scheduler, open_executor
+from features.executors.extract import (
+    ExtractSummary,
+    Mapper,
+    cached_mapper,
+    extract,
+    load_resize,
+    retry_failures,
+)
+from features.extractors.recipe import ImageMapperFactory
+from features.extractors.registry import Extractor, get_extractor_of
 from features.settings import FeaturesSection
-from features.store import FeatureStore, check_replaceable, remove_killed_leftovers
+from features.store.core import FeatureStore, check_replaceable, remove_killed_leftovers
+from features.store.ternary import check_threshold_options, write_ternary
 from prep.dataset import DATASET_FILE, PreparedDataset
+from vsecore import console
 from vsecore.device import resolve_device
-from vsecore.errors import UserError
+from vsecore.errors import UserError, disk_error_reason
 from vsecore.io import exclusive_lock, sha256_file
 from vsecore.outputs import check_output_folder
 
@@ -47,36 +53,22 @@ def store_config(settings: FeaturesSection, mapper: Mapper, images_sha256: str,
     The rows' identity is ``images_sha256`` (the prepared dataset's ordered images and splits), not
     the whole ``dataset.json``: re-preparing captions keeps a store resumable. Batch size, threads,
     device, scheduler and workers are left out: they change speed (and at most the last bits of
-    CPU rows, see :func:`features.recipe.torch_threads`), not what the rows are. Every mapper
-    setting the run asked for (:func:`features.recipe.recorded_settings`) is recorded, which is what
-    query-time featurisation rebuilds the mapper from (:func:`features.recipe.mapper_config`).
+    CPU rows, see :func:`features.extractors.recipe.torch_threads`), not what the rows are. The extractor
+    records its rows' description (its ``record``), and every mapper setting the run asked for (its
+    ``recipe``) is recorded, which is what query-time featurisation rebuilds the mapper from
+    (:func:`features.extractors.recipe.mapper_config`).
     """
-    prov = mapper.provenance
-    if settings.kind == "regions":
-        described = getattr(mapper, "config", {})
-        # amp as asked: on a cluster the driver's CPU copy has it off while CUDA workers use it
-        config = {**{k: v for k, v in described.items() if k not in SPEED_KEYS}, "kind": "regions",
-                  "amp": settings.amp, "weights_sha256": prov.get("weights_sha256"),
-                  "block_size": settings.block_size,
-                  "images_sha256": images_sha256, "n_rows": n_rows, "outputs": dict(mapper.outputs)}
-    else:
-        config = {
-            "kind": settings.kind, "cnn": settings.cnn, "weights": settings.weights,
-            "weights_sha256": prov.get("weights_sha256"), "crops": settings.crops,
-            "input_size": prov.get("input_size", settings.input_size),
-            "resize": prov.get("resize", settings.resize),
-            "amp": settings.amp, "block_size": settings.block_size, "images_sha256": images_sha256,
-            "n_rows": n_rows, "outputs": dict(mapper.outputs),
-        }
-        if settings.kind == "fne":
-            config["thresholds"] = [settings.threshold_low, settings.threshold_high]
-    unrecorded = {k: v for k, v in recorded_settings(settings).items() if k not in config}
+    extractor = get_extractor_of(settings)
+    store = {"block_size": settings.block_size, "images_sha256": images_sha256, "n_rows": n_rows,
+             "outputs": dict(mapper.outputs)}
+    config = extractor.record(settings, mapper, store)
+    unrecorded = {k: v for k, v in extractor.recipe(settings).items() if k not in config}
     return {**config, **unrecorded}
 
 
 def run_features(settings: FeaturesSection, overwrite: bool = False, rethreshold: bool = False,
                  progress: bool = True, retry_failed: bool = False) -> Path:
-    """Run ``features cnn|fne|regions`` with resolved ``settings``; return the store's path.
+    """Run ``features <kind>`` with resolved ``settings``; return the store's path.
 
     Resumes a store made with the same configuration (recomputing finished blocks whose chunk
     files are missing or empty), refuses one made with another (unless ``overwrite``).
@@ -88,11 +80,11 @@ def run_features(settings: FeaturesSection, overwrite: bool = False, rethreshold
     out = Path(settings.out)
     if rethreshold:
         return rethreshold_store(out, settings.threshold_low, settings.threshold_high)
-    _check_thresholds(settings)
-    if settings.codec != "zstd" and settings.kind != "regions":
+    extractor = get_extractor_of(settings)
+    extractor.check(settings)
+    if settings.codec != "zstd" and "codec" not in extractor.config.model_fields:
         raise UserError(f"features {settings.kind}: codec {settings.codec} applies to region stores (rows "
                         "stored one chunk per row); other arrays are always zstd")
-    check_sizes(settings.input_size, None if settings.kind == "regions" else settings.resize)
     check_scheduler(settings.scheduler, settings.workers)
     dataset = _dataset(settings)
     if not dataset.images:
@@ -103,13 +95,13 @@ def run_features(settings: FeaturesSection, overwrite: bool = False, rethreshold
     # Locked before the model is loaded (a second writer is told at once) and before --overwrite
     # deletes anything; released by the kernel if this process dies.
     with exclusive_lock(out, "the feature store"):
-        summary = _extract_locked(settings, dataset, out, overwrite, progress, retry_failed)
+        summary = _extract_locked(settings, extractor, dataset, out, overwrite, progress, retry_failed)
     _print_summary(summary, out)
     return out
 
 
-def _extract_locked(settings: FeaturesSection, dataset: PreparedDataset, out: Path, overwrite: bool,
-                    progress: bool, retry_failed: bool = False) -> ExtractSummary:
+def _extract_locked(settings: FeaturesSection, extractor: Extractor, dataset: PreparedDataset, out: Path,
+                    overwrite: bool, progress: bool, retry_failed: bool = False) -> ExtractSummary:
     """The body of :func:`run_features`, run while holding the store's lock."""
     remove_killed_leftovers(out)
     if out.is_dir() and not overwrite:
@@ -134,10 +126,9 @@ def _extract_locked(settings: FeaturesSection, dataset: PreparedDataset, out: Pa
     provenance = {**mapper.provenance, "dataset": str(dataset.root), "dataset_sha256": dataset_sha,
                   "images_sha256": images_sha, "thresholds": config.get("thresholds"),
                   "torch_threads": factory.config["threads"]}
-    hints = {"thresholds": "use `features fne --rethreshold` to change only the thresholds, or --overwrite"}
     resuming = out.exists() and not overwrite
     store = FeatureStore.open_or_create(out, imgids, mapper.outputs, settings.block_size, config,
-                                        provenance, overwrite=overwrite, hints=hints,
+                                        provenance, overwrite=overwrite, hints=extractor.hints,
                                         dtypes=getattr(mapper, "dtypes", None), codec=settings.codec)
     if resuming:
         _recompute_damaged(store)
@@ -145,75 +136,47 @@ def _extract_locked(settings: FeaturesSection, dataset: PreparedDataset, out: Pa
     try:
         with open_executor(settings.scheduler, settings.workers) as executor:
             summary = extract(store, paths, factory, executor, settings.on_error, progress,
-                              resize=_mapper_resize(settings, mapper))
-        if settings.kind == "fne":
-            train = dataset.split_mask("train")
-            finish_fne(store, train, settings.threshold_low, settings.threshold_high)
+                              resize=load_resize(mapper))
+        if extractor.finish is not None:
+            extractor.finish(store, dataset, settings)
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: say what is kept
         exc.args = (f"interrupted: {blocks_kept(store)}, re-run the same command to resume",)
         raise
     except OSError as exc:
-        if exc.errno not in WRITE_ERRNOS:
+        reason = disk_error_reason(exc)
+        if reason is None:
             raise
-        raise UserError(f"{out}: cannot write the feature store ({exc.strerror or exc}); "
-                        f"{blocks_kept(store)}: {WRITE_ERRNOS[exc.errno]} and re-run the same command to "
-                        "resume") from None
+        raise UserError(f"{out}: cannot write the feature store: {reason}; {blocks_kept(store)}, the same "
+                        "command resumes") from None
     store.set_attrs(failures=summary.failures, complete=True,
                     summary={"rows_written": summary.rows_written, "rows_skipped": summary.rows_skipped,
                              "failed": len(summary.failures), "seconds": round(summary.seconds, 3)})
     return summary
 
 
-def _mapper_resize(settings: FeaturesSection, mapper: Mapper) -> int | None:
-    """The shorter side the crops mapper resizes images to (region mappers bound their own views)."""
-    if settings.kind == "regions":
-        return None
-    backbone = getattr(mapper, "backbone", None)
-    return int(backbone.resize) if backbone is not None else None
-
-
 def _recompute_damaged(store: FeatureStore) -> None:
     """The resume check: clear the flags of finished blocks whose chunk files are missing or empty.
 
-    Files are only ``stat``-ed (see :mod:`features.verify`); ``features verify`` decodes them.
+    Files are only ``stat``-ed (see :mod:`features.store.verify`); ``features verify`` decodes them.
     """
-    from features.verify import check_files
+    from features.store.verify import check_files
 
     damaged = check_files(store)
     if damaged:
         first = min(damaged)
-        print(f"features: {len(damaged)} finished block(s) of {store.path} are damaged (block {first}: "
-              f"{damaged[first][0]}); recomputing them", file=sys.stderr)
+        console.warning(f"features: {len(damaged)} finished block(s) of {store.path} are damaged (block "
+                        f"{first}: {damaged[first][0]}); recomputing them")
         store.clear_blocks(sorted(damaged))
 
 
 def _retry_failures(store: FeatureStore, everything: bool = False) -> None:
     """Recompute the finished blocks holding failures that may be transient (every failure with
-    ``everything``; :func:`features.extract.retry_failures`), saying so on stderr."""
+    ``everything``; :func:`features.executors.extract.retry_failures`), saying so on stderr."""
     images, blocks = retry_failures(store, everything)
     if blocks:
         what = ("recorded failures" if everything
                 else "failures that may be transient (missing file, I/O error, truncated file)")
-        print(f"features: retrying {images} image(s) with {what}: recomputing {blocks} block(s)",
-              file=sys.stderr)
-
-
-def _check_thresholds(settings: FeaturesSection) -> None:
-    check_threshold_options(settings.threshold_low, settings.threshold_high)
-
-
-def check_threshold_options(low: float, high: float) -> None:
-    """A one-line :class:`UserError` unless ``--threshold-low`` and ``--threshold-high`` are finite and
-    ``low < high`` (NaN or inf would silently give a ternary code of {0, 1} or all zeros)."""
-    from features.fne import check_thresholds
-
-    for option, value in (("--threshold-low", low), ("--threshold-high", high)):
-        if not math.isfinite(value):
-            raise UserError(f"{option} {value}: must be a finite number")
-    try:
-        check_thresholds(low, high)
-    except ValueError:
-        raise UserError(f"--threshold-low ({low}) must be below --threshold-high ({high})") from None
+        console.warning(f"features: retrying {images} image(s) with {what}: recomputing {blocks} block(s)")
 
 
 def rethreshold_store(path: Path, low: float, high: float) -> Path:
@@ -233,28 +196,23 @@ def rethreshold_store(path: Path, low: float, high: float) -> Path:
             raise UserError(f"{path}: not a Full-Network Embedding store (no fne/mean); "
                             "nothing to rethreshold")
         write_ternary(store, low, high)
-    print(f"features: rewrote fne/ternary with thresholds {low} / {high} -> {path}")
+    console.result(f"features: rewrote fne/ternary with thresholds {low} / {high} -> {path}")
     return path
 
 
 def _print_summary(summary: ExtractSummary, out: Path) -> None:
-    print(summary.line(out))
+    console.result(summary.line(out))
     for f in summary.failures[:20]:
-        print(f"  failed imgid {f['imgid']}: {f['path']}: {f['reason']}")
+        console.result(f"  failed imgid {f['imgid']}: {f['path']}: {f['reason']}")
     if len(summary.failures) > 20:
-        print(f"  ... and {len(summary.failures) - 20} more (all listed in the store's 'failures' attribute)")
+        console.result(f"  ... and {len(summary.failures) - 20} more (all listed in the store's 'failures' "
+                       "attribute)")
     if summary.rows_written:
         total = summary.decode_s + summary.map_s + summary.write_s
-        print(f"features: time in blocks: decode and resize {summary.decode_s:.1f} s, network "
-              f"{summary.map_s:.1f} s, write {summary.write_s:.1f} s (sum over workers {total:.1f} s)",
-              file=sys.stderr)
-
-
-#: write errors a run reports in one line with what it kept, and what to do about each
-WRITE_ERRNOS = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space (disk quota)",
-                errno.EROFS: "make it writable (or use another --out)",
-                errno.EACCES: "make it writable (or use another --out)",
-                errno.EPERM: "make it writable (or use another --out)"}
+        # on stderr, as always: the timing is no result, and stdout keeps only the summary
+        console.warning(f"features: time in blocks: decode and resize {summary.decode_s:.1f} s, network "
+                        f"{summary.map_s:.1f} s, write {summary.write_s:.1f} s (sum over workers "
+                        f"{total:.1f} s)")
 
 
 def blocks_kept(store: FeatureStore) -> str:
@@ -283,6 +241,6 @@ def probe_writable(path: Path) -> None:
     except OSError as exc:
         with contextlib.suppress(OSError):
             probe.unlink()
-        fix = WRITE_ERRNOS.get(exc.errno or 0, "make it writable (or use another --out)")
-        raise UserError(f"{path}: the feature store is not writable ({exc.strerror or exc}); nothing was "
-                        f"computed or changed: {fix} and run again") from None
+        reason = disk_error_reason(exc) or f"{exc.strerror or exc}: make it writable (or use another --out)"
+        raise UserError(f"{path}: the feature store is not writable: {reason}; nothing was computed or "
+                        "changed") from None

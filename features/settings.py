@@ -1,45 +1,99 @@
-"""The settings of ``features cnn|fne|regions`` (the ``features:`` and ``regions:`` sections of
-``pipelines.yaml``): one place for their fields and defaults, read by the ``features`` stage
-(:mod:`features.run`, :mod:`features.recipe`) and by the pipeline schema (:mod:`pipelines.schema`)."""
+"""The settings of ``features <kind>`` (the ``features:`` and ``regions:`` sections of ``pipelines.yaml``).
+
+:class:`FeaturesSection` holds the stage's own settings, those of every kind: which kind, the prepared dataset
+and the store, how blocks run (batch and block size, device, scheduler, workers, threads, failed images).
+Each extractor declares its own (:mod:`features.extractors`); the stage's settings class is
+:class:`FeaturesSection` + the union of the registered extractors' fields (:func:`features_settings_class`,
+as ``TrainSection`` + a family's config), read by the stage (:mod:`features.run`), its options
+(:mod:`features.cli`) and the pipeline schema (:mod:`pipelines.schema`). Nothing here imports torch.
+"""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+import copy
+from typing import Any, ClassVar, Literal
 
+from pydantic import Field, SerializerFunctionWrapHandler, create_model, model_serializer
+
+from features.extractors import BUILTIN_EXTRACTORS
+from features.extractors.registry import Extractor, extractors, extractors_of_kind, kinds
+from vsecore.device import DEVICE_HELP
 from vsecore.schema import Section
 
 
 class FeaturesSection(Section):
-    """Options of ``features cnn|fne|regions``."""
+    """The stage's own settings of ``features <kind>`` (every kind's); ``kind`` is the subcommand."""
 
-    path_fields: ClassVar[tuple[str, ...]] = ("data", "out", "weights")
-    kind: Literal["cnn", "fne", "regions"] = "cnn"
-    data: str | None = None
-    out: str
-    cnn: str = "vgg19"
-    weights: str = "imagenet"
-    allow_download: bool = False
-    crops: Literal[1, 10] = 10
-    resize: int | None = None
-    input_size: int | None = None
-    batch_size: int = 32
-    block_size: int = 256
-    device: str = "auto"
-    amp: bool = False
-    scheduler: str = "none"
-    workers: int = 2
-    threads: int | None = None
-    on_error: Literal["record", "fail"] = "record"
-    threshold_low: float = -0.25
-    threshold_high: float = 0.15
-    # regions: grid (cells of the cnn's last feature map; cnn defaults to efficientnet_lite0 there) or
-    # fasterrcnn (torchvision's fasterrcnn_resnet50_fpn, also accepted by that name), then the
-    # bottom-up-attention selection rules of fasterrcnn; fixed_boxes K (null: min..max_boxes)
-    detector: str = "grid"
-    score_threshold: float = 0.2
-    nms_threshold: float = 0.3
-    min_boxes: int = 10
-    max_boxes: int = 100
-    fixed_boxes: int | None = 36
-    # regions: how the rows are compressed (features.store_layout.ROW_CODECS)
-    codec: Literal["zstd", "lz4"] = "zstd"
+    path_fields: ClassVar[tuple[str, ...]] = ("data", "out")
+    kind: str = "cnn"
+    data: str | None = Field(None, json_schema_extra={"metavar": "DIR"}, description=(
+        "prepared dataset folder (written by `prep`); rows follow its image order"))
+    out: str = Field(json_schema_extra={"metavar": "STORE.zarr"},
+                     description="feature store to write (Zarr v3)")
+    allow_download: bool = Field(False, json_schema_extra={"action": "store_true"},
+                                 description="let torchvision/timm download missing pretrained weights")
+    batch_size: int = Field(32, json_schema_extra={"metavar": "N"},
+                            description="images per forward pass; default 32")
+    block_size: int = Field(256, json_schema_extra={"metavar": "N"}, description=(
+        "rows per block: the unit of work, of resumption and of Zarr chunks; default 256"))
+    device: str = Field("auto", description=DEVICE_HELP)
+    amp: bool = Field(False, json_schema_extra={"action": "store_true"},
+                      description="bf16 autocast on CUDA (faster; numbers differ slightly from fp32)")
+    scheduler: str = Field("none", json_schema_extra={"metavar": "none|local|tcp://HOST:PORT"}, description=(
+        "none (default): in this process; local: start a Dask LocalCluster of --workers processes; "
+        "tcp://HOST:PORT: a running `dask scheduler` whose workers share the store's filesystem"))
+    workers: int = Field(2, json_schema_extra={"metavar": "N"},
+                         description="worker processes of --scheduler local (default 2)")
+    threads: int | None = Field(None, json_schema_extra={"metavar": "N"}, description=(
+        "torch threads of the network on the CPU, in this process and in every Dask worker (the same N gives "
+        "bit-identical rows anywhere); default: all of torch's threads in-process, the CPU cores divided "
+        "among --workers for local, 1 on a remote cluster"))
+    on_error: Literal["record", "fail"] = Field("record", description=(
+        "record (default): unusable images are listed in the store and summary, their rows NaN with "
+        "valid=False; fail: stop at the first one"))
+
+    @model_serializer(mode="wrap")
+    def _recorded_settings(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """What a section records (a pipeline stage's fingerprint is its dump): the stage's settings, every
+        built-in extractor's (every section recorded them before extractors were registered, so the
+        fingerprints pipelines recorded stay valid) and its own kind's extractors'; another kind's plugin
+        settings only when set."""
+        data = handler(self)
+        keep = recorded_fields(self.kind)
+        return {k: v for k, v in data.items() if k in keep or k in self.model_fields_set}
+
+
+def recorded_fields(kind: str) -> set[str]:
+    """The settings a section of ``kind`` records (:meth:`FeaturesSection._recorded_settings`)."""
+    own = [e.config for e in (*BUILTIN_EXTRACTORS, *extractors_of_kind(kind))]
+    return set(FeaturesSection.model_fields).union(*(config.model_fields for config in own))
+
+
+#: the settings class of the registered extractors (rebuilt when the registry changes)
+_UNION: tuple[tuple[Extractor, ...], type[FeaturesSection]] | None = None
+
+
+def features_settings_class() -> type[FeaturesSection]:
+    """:class:`FeaturesSection` + every registered extractor's fields, ``kind`` one of the registered
+    kinds (a field several extractors declare is one setting: :func:`features.extractors.registry.
+    register_extractor` checks that they agree)."""
+    global _UNION
+    registered = extractors()
+    if _UNION is not None and _UNION[0] == registered:
+        return _UNION[1]
+    fields: dict[str, Any] = {}
+    paths = list(FeaturesSection.path_fields)
+    for extractor in registered:
+        for name, info in extractor.config.model_fields.items():
+            fields.setdefault(name, (info.annotation, copy.copy(info)))
+        paths += [p for p in extractor.config.path_fields if p not in paths]
+    cls = create_model("FeaturesSettings", __base__=FeaturesSection, __module__=__name__,
+                       kind=(Literal[kinds()], "cnn"), **fields)  # type: ignore[valid-type]
+    cls.path_fields = tuple(paths)
+    _UNION = (registered, cls)
+    return cls
+
+
+def features_settings(**values: Any) -> FeaturesSection:
+    """Validate ``values`` as the stage's settings (a pydantic ``ValidationError`` for a bad one)."""
+    return features_settings_class().model_validate(values)

@@ -40,17 +40,22 @@ from pydantic import (
     model_validator,
 )
 
-from features.settings import FeaturesSection
+from features.extractors.registry import extractors_of_kind
+from features.settings import FeaturesSection, features_settings, features_settings_class
 from prep.settings import PrepSection
 from train.engine.settings import ClassifySection, CompareSection, EvaluateSection, TrainSection
 from vsecore.errors import UserError
 from vsecore.io import read_text
+
+# the --pipeline / --pipelines options are declared with the other shared options (light: `features --help`
+# reads them without this module's stage settings); the stage commands take them from here too
+from vsecore.options import add_pipeline_arguments, add_pipelines_file_argument  # noqa: F401
 from vsecore.schema import Section
 
 
 def _store_key(section: FeaturesSection) -> str:
-    """The array a stage's store is read by: ``fne``, ``regions`` or ``global``."""
-    return "fne" if section.kind == "fne" else ("regions" if section.kind == "regions" else "global")
+    """The key a stage's store is read by: its kind's first (``global``, ``fne``, ``regions``)."""
+    return extractors_of_kind(section.kind)[0].keys[0]
 
 
 class Pipeline(BaseModel):
@@ -76,6 +81,12 @@ class Pipeline(BaseModel):
     def source(self) -> Path | None:
         """The pipelines file this pipeline was read from (None when built in code)."""
         return self._source
+
+    @field_validator("features", "regions", mode="before")
+    @classmethod
+    def _features_settings(cls, value: Any) -> Any:
+        """A ``features:`` (or ``regions:``) mapping is the stage's settings + the registered extractors'."""
+        return features_settings(**value) if isinstance(value, dict) else value
 
     @field_validator("train", mode="before")
     @classmethod
@@ -129,9 +140,10 @@ class Pipeline(BaseModel):
         for stage in (self.features, self.regions):
             if stage is None:
                 continue
-            if stage.kind == "regions" and compare.regions is None:
+            key = _store_key(stage)
+            if key == "regions" and compare.regions is None:
                 compare.regions = f"{stage.out}:regions"
-            elif stage.kind != "regions" and compare.features is None:
+            elif key != "regions" and compare.features is None:
                 compare.features = f"{stage.out}:{_store_key(stage)}"
 
 
@@ -270,10 +282,10 @@ def load_pipelines(file: str | os.PathLike | None = None, expand: str | None = N
         if not isinstance(body, dict):
             raise UserError(f"{path}: pipeline '{name}': expected a mapping, got {type(body).__name__}")
         body = dict(body)
-        for sec, model in SECTIONS.items():
+        for sec in SECTIONS:
             if isinstance(body.get(sec), dict):
                 body[sec] = dict(body[sec])
-                _resolve_paths(body[sec], model, base, f"{path}: pipeline '{name}': {sec}",
+                _resolve_paths(body[sec], _section_class(sec), base, f"{path}: pipeline '{name}': {sec}",
                                strict=(name == expand))
         try:
             out[str(name)] = Pipeline.model_validate(body)
@@ -289,20 +301,6 @@ def get_pipeline(name: str, file: str | os.PathLike | None = None) -> Pipeline:
     if name not in pipelines:
         raise UserError(f"unknown pipeline '{name}' (known: {', '.join(sorted(pipelines))})")
     return pipelines[name]
-
-
-def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--pipeline NAME`` and ``--pipelines FILE`` to a stage command's parser."""
-    parser.add_argument("--pipeline", metavar="NAME", default=None,
-                        help="take this stage's settings from the named pipeline in pipelines.yaml; "
-                             "options given explicitly override them")
-    add_pipelines_file_argument(parser)
-
-
-def add_pipelines_file_argument(parser: argparse._ActionsContainer) -> None:
-    """``--pipelines FILE``: the pipelines file a ``--pipeline`` (or a pipeline name) is looked up in."""
-    parser.add_argument("--pipelines", metavar="FILE", default=None,
-                        help="pipelines file (default: $VSE_PIPELINES, ./pipelines.yaml, or the project's)")
 
 
 def stage_settings(stage: str, args: argparse.Namespace, **fixed: Any) -> Section:
@@ -360,7 +358,13 @@ def _section_model(stage: str, values: dict[str, Any]) -> type[Section]:
         from train.models.classifier import classify_settings_class  # start-up: the families only when read
 
         return classify_settings_class()
-    return SECTIONS[stage]
+    return _section_class(stage)
+
+
+def _section_class(stage: str) -> type[Section]:
+    """The schema of a stage's section without a family: a feature stage's is the stage's settings + the
+    registered extractors' (:func:`features.settings.features_settings_class`)."""
+    return features_settings_class() if stage in ("features", "regions") else SECTIONS[stage]
 
 
 def _given(args: argparse.Namespace) -> set[str]:

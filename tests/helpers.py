@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from features.store import FeatureStore
+from features.store.core import FeatureStore
 from prep.dataset import PreparedDataset
 from prep.vocab import build_char_vocabulary, build_word_vocabulary
 
@@ -59,7 +59,7 @@ def make_prepared(root: Path, n_train: int = 24, n_val: int = 8, n_test: int = 8
 def make_store(path: Path, dataset: Path, dim: int = 16, invalid: tuple[int, ...] = (),
                seed: int = 0) -> Path:
     """A complete ``global`` feature store for ``dataset``: class signal plus noise; ``invalid`` rows fail."""
-    from features.store import FeatureStore
+    from features.store.core import FeatureStore
 
     n = len(json.loads((dataset / "dataset.json").read_text())["images"])
     rng = np.random.default_rng(seed)
@@ -430,7 +430,7 @@ def minimal_prepared(root: Path, n_train: int = 8, n_test: int = 4) -> Path:
 
 def imported_store(data: Path, out: Path, width: int = 16, seed: int = 0) -> Path:
     """An imported store of ``data`` (``features import``): every split filled with random rows."""
-    from features.interop import import_npy
+    from features.interop.imports import import_npy
 
     rng = np.random.default_rng(seed)
     images = json.loads((data / "dataset.json").read_text())["images"]

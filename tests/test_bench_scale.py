@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from features.store import FeatureStore
+from features.store.core import FeatureStore
 from prep.dataset import PreparedDataset
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_scale.py"

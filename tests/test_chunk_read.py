@@ -1,6 +1,6 @@
-"""A whole array read straight from its chunk files (features.chunk_read) is Zarr's read, bit for bit: wide
-and narrow chunks, partial edge chunks, absent chunks, NaN rows, every dtype the writer makes; a layout it
-does not decode is left to Zarr, and a damaged chunk is still named in one line."""
+"""A whole array read straight from its chunk files (features.store.chunk_read) is Zarr's read, bit for bit:
+wide and narrow chunks, partial edge chunks, absent chunks, NaN rows, every dtype the writer makes; a layout
+it does not decode is left to Zarr, and a damaged chunk is still named in one line."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import zarr
 from helpers import make_prepared, make_store
 from zarr.codecs import ZstdCodec
 
-from features.chunk_read import compress_bound, matches, read_whole
-from features.store import FeatureStore
-from features.store_array import StoreArray
-from features.store_read import read_matrix
+from features.store.array import StoreArray
+from features.store.chunk_read import compress_bound, matches, read_whole
+from features.store.core import FeatureStore
+from features.store.read import read_matrix
 from vsecore.errors import UserError
 
 

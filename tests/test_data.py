@@ -145,7 +145,7 @@ def test_int8_features_stay_int8_and_are_converted_per_batch(tiny) -> None:
 def test_a_non_finite_valid_row_is_an_error_naming_the_row(tmp_path) -> None:
     data = make_prepared(tmp_path / "tiny")
     store = make_store(tmp_path / "tiny.zarr", data)
-    from features.store import FeatureStore
+    from features.store.core import FeatureStore
 
     FeatureStore(store, mode="r+").array("global")[5, 2] = np.inf
     with pytest.raises(UserError, match="row 5 .*not finite"):

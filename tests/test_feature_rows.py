@@ -1,5 +1,5 @@
-"""Features read a batch at a time (features.rows, train.engine.data.read_features above the memory limit):
-the same batches as the features read whole, the same refusals, and sharded region arrays."""
+"""Features read a batch at a time (features.store.rows, train.engine.data.read_features above the memory
+limit): the same batches as the features read whole, the same refusals, and sharded region arrays."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 import torch
 from helpers import make_prepared, make_store
 
-from features.rows import StoreRows, open_rows
-from features.store import FeatureStore
-from features.store_layout import rows_per_file
-from features.store_read import read_matrix
+from features.store.core import FeatureStore
+from features.store.layout import rows_per_file
+from features.store.read import read_matrix
+from features.store.rows import StoreRows, open_rows
 from prep.dataset import PreparedDataset, Vocabulary
 from train.engine.codecs import TextCodec
 from train.engine.data import (

@@ -9,11 +9,11 @@ import pytest
 import timm
 import torch
 
-from features import weights as W
-from features.backbones import load_backbone
-from features.crops import image_crops
-from features.images import load_image
-from features.mapper import ImageMapper
+from features.extractors import weights as W
+from features.extractors.backbones import load_backbone
+from features.extractors.crop_mapper import ImageMapper
+from features.extractors.crops import image_crops
+from features.extractors.images import load_image
 from vsecore.errors import UserError
 
 SKI, DOGS = 795, range(151, 269)  # ImageNet class indices: "ski", and the dog breeds

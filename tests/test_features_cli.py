@@ -16,8 +16,8 @@ from helpers import (
 )
 
 from features.cli import main
-from features.store import FeatureStore
-from features.store_read import read_matrix
+from features.store.core import FeatureStore
+from features.store.read import read_matrix
 
 # one torch thread: bitwise-reproducible CPU kernels and no oversubscription of a shared machine
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

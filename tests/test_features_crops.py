@@ -8,8 +8,9 @@ import torch
 import torchvision.transforms.functional as TF
 from PIL import Image
 
-from features.backbones import load_backbone
-from features.crops import (
+from features.extractors.backbones import load_backbone
+from features.extractors.crop_mapper import ImageMapper
+from features.extractors.crops import (
     image_crops,
     normalization_table,
     normalize_pixels,
@@ -19,9 +20,8 @@ from features.crops import (
     resized_pixels,
     ten_crop,
 )
-from features.fne import FullNetworkRecorder
-from features.images import load_image
-from features.mapper import ImageMapper
+from features.extractors.full_network import FullNetworkRecorder
+from features.extractors.images import load_image
 
 
 def test_ten_crop_positions_and_mirrors_by_slicing():
@@ -140,8 +140,8 @@ def test_mapper_ten_crops_equal_crop_by_crop(coco_sample, lite0, kind):
 def test_images_prepared_in_the_decode_threads_give_the_same_rows_and_another_recipe_is_refused(tmp_path):
     """The extraction's decode threads call ``mapper.prepare`` (the resize); the mapper then only drives the
     network: the same rows, boxes and sizes as from the PIL images, for the crop and the grid mappers."""
-    from features.extract import BlockTask, read_block
-    from features.regions import GridRegionMapper
+    from features.executors.extract import BlockTask, read_block
+    from features.extractors.grid_mapper import GridRegionMapper
 
     rng = np.random.default_rng(5)
     paths = []

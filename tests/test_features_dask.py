@@ -17,9 +17,10 @@ import torch
 from helpers import ColourFactory, ColourMapper, make_image_dataset, new_store, paths_of
 
 from features.cli import main
-from features.executors import InProcessExecutor, open_executor
-from features.extract import extract
-from features.store import FeatureStore
+from features.executors import open_executor
+from features.executors.extract import extract
+from features.executors.in_process import InProcessExecutor
+from features.store.core import FeatureStore
 
 distributed = pytest.importorskip("distributed")
 # Workers cannot import the test modules: ship the test mappers by value.
@@ -132,8 +133,8 @@ def test_real_mapper_on_cluster_equals_in_process(cluster, data, tmp_path):
 def test_mapper_runs_its_forward_passes_with_its_thread_count(coco_sample):
     """What a Dask worker (whose environment says 1 thread) does with ``threads=2``: the network
     runs with 2 intra-op threads during the call, and the process's count is restored after it."""
-    from features.images import load_image
-    from features.mapper import ImageMapper
+    from features.extractors.crop_mapper import ImageMapper
+    from features.extractors.images import load_image
 
     mapper = ImageMapper.from_config({"cnn": "efficientnet_lite0", "weights": "none", "kind": "global",
                                       "crops": 1, "input_size": 32, "device": "cpu", "threads": 2})

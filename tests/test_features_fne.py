@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import zarr
 
-from features.fne import fne_statistics, standardize, ternarize
+from features.store.ternary import fne_statistics, standardize, ternarize
 
 
 def _data(seed: int = 0, n: int = 53, f: int = 9):

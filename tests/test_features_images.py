@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from features.images import ImageError, load_image, to_rgb
+from features.extractors.images import ImageError, load_image, to_rgb
 
 
 def _save(img: Image.Image, path: Path, **kw) -> Path:

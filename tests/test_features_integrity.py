@@ -25,14 +25,15 @@ from helpers import (
     paths_of,
 )
 
-from features import store as store_module
 from features.cli import main
-from features.executors import InProcessExecutor
-from features.extract import extract, finish_fne
+from features.executors.extract import extract
+from features.executors.in_process import InProcessExecutor
 from features.run import rethreshold_store
-from features.store import TERNARY, TERNARY_NEW, TERNARY_OLD, FeatureStore
-from features.store_read import check_store_matches, read_matrix
-from features.verify import check_files, verify_store
+from features.store import core as store_module
+from features.store.core import TERNARY, TERNARY_NEW, TERNARY_OLD, FeatureStore
+from features.store.read import check_store_matches, read_matrix
+from features.store.ternary import finish_fne
+from features.store.verify import check_files, verify_store
 from prep.dataset import PreparedDataset
 from vsecore.errors import UserError
 from vsecore.io import lock_path
@@ -321,7 +322,7 @@ def fne_store(data, tmp_path) -> Path:
 
 def ternary_state(path: Path) -> tuple[list[float], np.ndarray]:
     """The thresholds the readable ternary array carries and its values; checks they agree."""
-    from features.fne import ternarize
+    from features.store.ternary import ternarize
 
     store = FeatureStore(path)
     tern = store.array(TERNARY)
@@ -393,7 +394,7 @@ def test_sigkilled_rethreshold_leaves_a_complete_array(fne_store):
     """A real kill in the middle of writing the new array: the old one is untouched and readable."""
     old_thresholds, old_values = ternary_state(fne_store)
     code = ("import sys, time\n"
-            "from features import store as S\n"
+            "from features.store import core as S\n"
             "from features.run import rethreshold_store\n"
             "real = S.StoreArray.__setitem__\n"
             "def slow(self, key, value):\n"

@@ -11,10 +11,11 @@ import pytest
 from helpers import ColourFactory, make_image_dataset, new_store, paths_of
 
 from features.cli import main
-from features.executors import InProcessExecutor
-from features.extract import extract, finish_fne
-from features.store import FeatureStore
-from features.store_read import read_matrix
+from features.executors.extract import extract
+from features.executors.in_process import InProcessExecutor
+from features.store.core import FeatureStore
+from features.store.read import read_matrix
+from features.store.ternary import finish_fne
 from prep.dataset import PreparedDataset
 
 SPLITS = ["train", "val", "train", "test", "val", "train", "test", "train", "train"]

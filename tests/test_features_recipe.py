@@ -15,11 +15,11 @@ from helpers import make_image_dataset
 
 import features.run
 from features.cli import main
-from features.featurize import StoreFeaturizer
-from features.recipe import SPEED_KEYS, ImageMapperFactory
-from features.spec import FeatureSpec
-from features.store import FeatureStore
-from features.store_read import parse_spec
+from features.extractors.recipe import SPEED_KEYS, ImageMapperFactory
+from features.featurize import Featurizer
+from features.store.core import FeatureStore
+from features.store.read import parse_spec
+from features.store.spec import FeatureSpec
 from train.engine.data import feature_spec
 from train.run.config import store_path
 from vsecore.errors import UserError
@@ -103,10 +103,10 @@ def test_query_mapper_is_the_extraction_mapper(kind, data, tmp_path, monkeypatch
     assert {k: v for k, v in extraction.items() if v is not None} == {
         k: query[k] for k, v in extraction.items() if v is not None}
     # and the mappers themselves are equal (their config is what rebuilds an equal mapper)
-    if kind == "regions":  # not queryable with images (StoreFeaturizer refuses it): the builder alone
+    if kind == "regions":  # not queryable with images (Featurizer refuses it): the builder alone
         again = ImageMapperFactory.from_store(recorded).build()
     else:
-        featurizer = StoreFeaturizer(f"{out}:{'global' if kind == 'cnn' else 'fne'}")
+        featurizer = Featurizer.from_store(f"{out}:{'global' if kind == 'cnn' else 'fne'}")
         assert featurizer.recipe == ImageMapperFactory.from_store(recorded)
         again = featurizer.mapper
     assert _without_speed(again.config) == _without_speed(mapper.config)

@@ -17,11 +17,14 @@ from helpers import (
 )
 from PIL import Image
 
-from features.backbones import load_backbone
-from features.crops import to_normalized_tensor
-from features.extract import BlockTask, read_block
-from features.images import load_image
-from features.region_formats import (
+from features.executors.extract import BlockTask, read_block
+from features.extractors.backbones import load_backbone
+from features.extractors.crops import to_normalized_tensor
+from features.extractors.detector_mapper import DetectorRegionMapper, select_regions
+from features.extractors.grid_mapper import GridRegionMapper, grid_boxes
+from features.extractors.images import load_image
+from features.extractors.registry import get_extractor_of_config
+from features.interop.region_formats import (
     ButdTsv,
     RegionRecord,
     dataset_keys,
@@ -29,17 +32,15 @@ from features.region_formats import (
     read_butd_tsv,
     read_scan_precomp,
 )
-from features.regions import (
-    DetectorRegionMapper,
-    GridRegionMapper,
-    build_region_mapper,
-    grid_boxes,
-    select_regions,
-)
 from vsecore.errors import UserError
 
 # small Faster R-CNN settings: random weights, a small input scale, so a test image takes about a second
 SMALL_DETECTOR = {"weights": "none", "min_size": 160, "max_size": 256, "proposals": 300}
+
+
+def build_region_mapper(config: dict) -> object:
+    """The region mapper of a plain config, chosen as a region store's recorded config chooses it."""
+    return get_extractor_of_config({"kind": "regions", **config}).build(config)
 
 
 @pytest.fixture(scope="module")

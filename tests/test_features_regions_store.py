@@ -25,11 +25,11 @@ from helpers import (
 )
 
 from features.cli import main
-from features.images import load_image
-from features.regions import GridRegionMapper
-from features.store import FeatureStore
-from features.store_read import read_matrix, read_regions
-from features.verify import verify_store
+from features.extractors.grid_mapper import GridRegionMapper
+from features.extractors.images import load_image
+from features.store.core import FeatureStore
+from features.store.read import read_matrix, read_regions
+from features.store.verify import verify_store
 from prep.dataset import PreparedDataset
 from vsecore.errors import UserError
 

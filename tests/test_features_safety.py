@@ -16,9 +16,9 @@ from helpers import BASE, make_image_dataset
 from PIL import Image
 
 from features.cli import main
-from features.images import ImageError, load_image
-from features.store import FeatureStore
-from features.store_read import read_matrix
+from features.extractors.images import ImageError, load_image
+from features.store.core import FeatureStore
+from features.store.read import read_matrix
 from vsecore.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,11 +74,11 @@ def test_strip_is_recorded_invalid_and_input_size_is_bounded(coco_sample, tmp_pa
 
 
 def test_query_featurizer_refuses_the_strip_in_one_line(data, tmp_path):
-    from features.featurize import StoreFeaturizer
+    from features.featurize import Featurizer
 
     out = tmp_path / "q.zarr"
     assert cnn(data, out) == 0
-    rows, failures = StoreFeaturizer(str(out))([strip_png(tmp_path / "strip.png")])
+    rows, failures = Featurizer.from_store(str(out))([strip_png(tmp_path / "strip.png")])
     assert rows.shape[0] == 0 and "aspect ratio" in failures[0]["reason"]
 
 
@@ -88,8 +88,9 @@ def fne_store(data, tmp_path) -> Path:
     """A finished FNE store of the colour mapper (rows 0-4 train), 8 rows in blocks of 3."""
     from helpers import ColourFactory, new_store, paths_of
 
-    from features.executors import InProcessExecutor
-    from features.extract import extract, finish_fne
+    from features.executors.extract import extract
+    from features.executors.in_process import InProcessExecutor
+    from features.store.ternary import finish_fne
 
     out = tmp_path / "f.zarr"
     store = new_store(out, 8, block=3, name="fne/raw", config={"cnn": "colour", "thresholds": [-0.25, 0.15]})
@@ -109,7 +110,7 @@ def test_rethreshold_refuses_non_finite_or_unordered_thresholds(fne_store, capsy
 
 
 def test_verify_recomputes_ternary_rows_and_checks_recorded_thresholds(fne_store, data, capsys):
-    from features.verify import verify_store
+    from features.store.verify import verify_store
 
     assert verify_store(fne_store, data).ok
     store = FeatureStore(fne_store, mode="r+")
@@ -126,12 +127,12 @@ def test_verify_recomputes_ternary_rows_and_checks_recorded_thresholds(fne_store
 
 
 def test_verify_recomputes_train_statistics_with_the_dataset(fne_store, data):
-    from features.verify import verify_store
+    from features.store.verify import verify_store
 
     store = FeatureStore(fne_store, mode="r+")
     store.array("fne/mean")[:] = store.array("fne/mean")[:] * 2 + 1
     store.array("fne/ternary")[:] = 0  # ternary rows follow the tampered statistics: only stats differ
-    from features.extract import write_ternary
+    from features.store.ternary import write_ternary
 
     write_ternary(store, -0.25, 0.15)
     assert verify_store(fne_store).ok  # without the splits the statistics cannot be recomputed
@@ -176,7 +177,7 @@ def test_reader_refuses_rows_that_disagree_with_their_records(cnn_store, tmp_pat
     with pytest.raises(UserError, match=expected) as err:
         read_matrix(str(out))
     assert "features verify" in str(err.value) and "--repair" in str(err.value)
-    from features.verify import verify_store
+    from features.store.verify import verify_store
 
     assert not verify_store(out).ok  # and verify agrees
 
@@ -184,7 +185,7 @@ def test_reader_refuses_rows_that_disagree_with_their_records(cnn_store, tmp_pat
 # -- issue 22 item 6: readers see a half-rewritten store ------------------------------------------------
 def synthetic_fne_store(path: Path, rows: int = 96, width: int = 24, seed: int = 0, block: int = 2) -> Path:
     """A finished FNE store of random activations in blocks of ``block`` rows (48 chunk files per array)."""
-    from features.extract import finish_fne
+    from features.store.ternary import finish_fne
 
     store = FeatureStore.create(path, np.arange(rows), {"fne/raw": width}, block, {"cnn": "random"},
                                 {"network": "random"}, overwrite=path.exists())
@@ -232,8 +233,8 @@ def race(reader, writer, seconds: float = 4.0, pause: float = 0.3) -> tuple[list
 
 
 def test_reader_racing_rethreshold_sees_one_version_or_is_told(tmp_path):
-    from features.fne import ternarize
     from features.run import rethreshold_store
+    from features.store.ternary import ternarize
 
     path = synthetic_fne_store(tmp_path / "f.zarr")
     store = FeatureStore(path)
@@ -257,8 +258,8 @@ def test_a_ternary_swapped_under_a_reader_is_told_by_the_array_itself(tmp_path, 
     """The array's own identity is a second check, independent of the store's generation: with the
     generation check disabled, a --rethreshold swap between opening the array and reading it is still
     a one-line error, never the rows of another version."""
-    from features import store_read
     from features.run import rethreshold_store
+    from features.store import read as store_read
 
     path = synthetic_fne_store(tmp_path / "f.zarr")
     monkeypatch.setattr(FeatureStore, "check_unchanged", lambda self, before: None)
@@ -283,7 +284,7 @@ def test_a_ternary_swapped_under_a_reader_is_told_by_the_array_itself(tmp_path, 
 def test_a_reader_that_sees_the_new_ternary_vanish_takes_the_swapped_one(tmp_path, monkeypatch):
     """The instant of a --rethreshold swap a racing reader once hit (CI, 1 run in ~10): the old array is
     gone, the new one was there a moment ago and is renamed now; the reader takes the final name."""
-    from features.store import TERNARY, TERNARY_NEW
+    from features.store.core import TERNARY, TERNARY_NEW
 
     store = FeatureStore(synthetic_fne_store(tmp_path / "f.zarr"))
     real = store._exists
@@ -376,7 +377,7 @@ def test_retry_failed_retries_permanent_failures_too(coco_sample, tmp_path, caps
 
 
 def test_many_transient_failures_in_a_row_stop_a_block(tmp_path):
-    from features.extract import MAX_TRANSIENT_IN_A_ROW, ImagesUnavailable, check_images_available
+    from features.executors.extract import MAX_TRANSIENT_IN_A_ROW, ImagesUnavailable, check_images_available
 
     records = [{"imgid": i, "path": str(tmp_path / f"{i}.jpg"), "reason": "I/O error (Stale file handle)"}
                for i in range(MAX_TRANSIENT_IN_A_ROW)]
@@ -459,7 +460,7 @@ def test_read_only_store_is_said_before_any_block(data, tmp_path, monkeypatch, c
     monkeypatch.setattr("features.run.cached_mapper", lambda f: pytest.fail("the model was loaded"))
     assert cnn(data, out, "--block-size", "4") == 2
     err = one_line_error(capsys)
-    assert "the feature store is not writable (Read-only file system); nothing was computed" in err
+    assert "the feature store is not writable: read-only file system" in err and "nothing was computed" in err
     assert FeatureStore(out).blocks_done().tolist() == [True, False]
 
 
@@ -478,8 +479,8 @@ def test_full_disk_mid_run_says_what_is_kept(data, tmp_path, monkeypatch, capsys
     monkeypatch.setattr(FeatureStore, "write_block", full)
     assert cnn(data, out) == 2
     err = one_line_error(capsys)
-    assert "cannot write the feature store (No space left on device); 2 of 4 blocks kept" in err
-    assert "free some space and re-run the same command to resume" in err
+    assert "cannot write the feature store: no space left on the device" in err
+    assert "2 of 4 blocks kept, the same command resumes" in err
     monkeypatch.undo()
     assert cnn(data, out) == 0
     assert "wrote 4 rows, skipped 4 already done" in capsys.readouterr().out
@@ -490,7 +491,7 @@ def test_only_the_gather_of_cancelled_blocks_is_silenced() -> None:
     is dropped, which once made the line below two lines under load; any other gather failure is shown."""
     import logging
 
-    from features.executors import _CancelledGatherFilter
+    from features.executors.dask_cluster import _CancelledGatherFilter
 
     def record(states: object) -> logging.LogRecord:
         return logging.LogRecord("distributed.scheduler", logging.ERROR, __file__, 1,
@@ -534,7 +535,7 @@ def test_ctrl_c_of_a_local_dask_run_is_one_line(data, tmp_path):
 
 
 def test_verify_refuses_a_store_rewritten_while_it_verified(fne_store, monkeypatch):
-    from features import verify
+    from features.store import verify
 
     real = verify._check_store
 
@@ -574,10 +575,10 @@ def test_a_recorded_extractor_configuration_is_checked_before_the_network_loads(
                                                                                 names):
     """A model folder's record of its store configures the featurizer: every number is bounded as the
     `features` options are, before the backbone is built or any image resized."""
-    from features.mapper import ImageMapper
-    from features.regions import GridRegionMapper
+    from features.extractors.crop_mapper import ImageMapper
+    from features.extractors.grid_mapper import GridRegionMapper
 
-    for module in ("features.mapper", "features.regions"):
+    for module in ("features.extractors.crop_mapper", "features.extractors.grid_mapper"):
         monkeypatch.setattr(f"{module}.load_backbone", lambda *a, **k: pytest.fail("the network was built"))
     config = {"cnn": "vgg16", "weights": "none", "kind": "global", "input_size": 224, key: value}
     for mapper in (ImageMapper, GridRegionMapper):

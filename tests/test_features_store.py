@@ -14,11 +14,11 @@ import pytest
 from helpers import ColourFactory, ColourMapper, make_image_dataset, new_store, paths_of
 from PIL import Image
 
-from features.executors import InProcessExecutor
-from features.extract import block_tasks, extract, finish_fne, run_block, write_ternary
-from features.fne import fne_statistics, ternarize
-from features.images import load_image
-from features.store_read import parse_spec, read_matrix
+from features.executors.extract import block_tasks, extract, run_block
+from features.executors.in_process import InProcessExecutor
+from features.extractors.images import load_image
+from features.store.read import parse_spec, read_matrix
+from features.store.ternary import finish_fne, fne_statistics, ternarize, write_ternary
 from vsecore.errors import UserError
 
 

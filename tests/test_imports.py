@@ -252,3 +252,19 @@ def test_test_files_share_helpers_through_helpers_or_fixtures() -> None:
             found += [f"{path.name}:{node.lineno}: {n}" for n in names if n.split(".")[0].startswith("test_")
                       or n.startswith("tests.test_")]
     assert not found, "\n".join(found)
+
+
+def test_the_features_command_starts_without_torch_or_train() -> None:
+    """``import features.cli``, ``features --help`` and the stage's settings (what ``pipelines.yaml``
+    validates) load neither torch nor the training package: the extractors' declarations import no network,
+    and the pipeline schema loads only when a command runs."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nimport features.cli\nfrom features.settings import features_settings_class\n"
+            "features.cli.build_parser().format_help()\nfeatures_settings_class()\n"
+            "loaded = {m.split('.')[0] for m in sys.modules}\n"
+            "print(sorted(loaded & {'torch', 'torchvision', 'timm', 'train'}))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

@@ -118,7 +118,7 @@ def read_butd_like_the_peer(path: Path) -> dict[str, tuple[int, int, int, np.nda
 
 
 def test_a_region_store_round_trips_through_butd_tsv_bit_for_bit(tmp_path, capsys) -> None:
-    from features.store import FeatureStore
+    from features.store.core import FeatureStore
 
     names = [f"COCO_val2014_{i:012d}.jpg" for i in (391895, 522418, 184613, 318219)]
     data = annotated_dataset(tmp_path, names, ["train", "train", "val", "test"])

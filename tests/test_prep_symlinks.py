@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from features.images import load_image
+from features.extractors.images import load_image
 from prep.cli import main
 from prep.dataset import PreparedDataset
 from prep.sources.coco import karpathy_from_flat

@@ -1,4 +1,4 @@
-"""Rows of a sharded (region) array read straight from the shard files (features.rows.ShardRows, issue
+"""Rows of a sharded (region) array read straight from the shard files (features.store.rows.ShardRows, issue
 33.1): the same bits as Zarr's own reader, damage named in one line."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from features.rows import ShardRows, StoreRows
-from features.store import FeatureStore
+from features.store.core import FeatureStore
+from features.store.rows import ShardRows, StoreRows
 from vsecore.errors import UserError
 
 #: rows of 35,840 bytes in either dtype: over SHARD_ROW_BYTES, so one inner chunk per row in a shard per block

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from helpers import make_image_dataset
 
-import features.recompress as recompress
+import features.store.recompress as recompress
 from features.cli import main
-from features.codec_bounds import blosc_decode_into, check_blosc
-from features.rows import ShardRows, open_rows
-from features.store import FeatureStore
-from features.store_read import layout_digest
-from features.verify import verify_store
+from features.store.codec_bounds import blosc_decode_into, check_blosc
+from features.store.core import FeatureStore
+from features.store.read import layout_digest
+from features.store.rows import ShardRows, open_rows
+from features.store.verify import verify_store
 from vsecore.errors import UserError
 
 #: 35,840-byte rows: over SHARD_ROW_BYTES, so one inner chunk per row in a shard per block

@@ -3,7 +3,7 @@
 One table: a corruption of a small store -> `features verify STORE` and a reader (`features export`)
 exit 2 with one line naming the file and the field, in a subprocess capped at 1.5 GiB of address space
 beyond the interpreter's and 60 s. Each case was a traceback, a hang, gigabytes or a silent wrong
-result before the layout check (features.store_layout).
+result before the layout check (features.store.layout).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from features.store import FeatureStore
+from features.store.core import FeatureStore
 
 ROWS, WIDTH, BLOCK = 116, 16, 32
 #: the subprocess's address-space cap: torch/zarr import takes about 1 GiB of virtual memory
@@ -186,7 +186,7 @@ def test_a_corrupted_store_record_is_one_line_before_any_read(data: Path, pristi
         assert names in lines[0], (case, lines[0])
 
 
-READ = ("from features.store_read import read_matrix\nfrom vsecore.errors import UserError\nimport sys\n"
+READ = ("from features.store.read import read_matrix\nfrom vsecore.errors import UserError\nimport sys\n"
         "try:\n    read_matrix(sys.argv[1])\nexcept UserError as exc:\n    sys.exit(str(exc))\n")
 
 
@@ -233,7 +233,7 @@ def test_a_store_is_never_written_inside_an_input_or_another_artifact(data: Path
 REGION_SHAPE = (8, 1024)  # 32 KiB float32 rows: one inner chunk per row, in one shard file per block
 
 #: a batch reader (what training uses when the features do not fit its memory): every row, read by StoreRows
-READ_ROWS = ("from features.rows import open_rows\nfrom vsecore.errors import UserError\nimport sys\n"
+READ_ROWS = ("from features.store.rows import open_rows\nfrom vsecore.errors import UserError\nimport sys\n"
              "try:\n    rows, _ = open_rows(sys.argv[1])\n"
              "    assert rows.direct == (':regions' in sys.argv[1])  # the shard reader for regions\n"
              "    rows.take(list(range(len(rows))))\nexcept UserError as exc:\n    sys.exit(str(exc))\n")

@@ -6,53 +6,15 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Callable, Mapping
-from types import UnionType
-from typing import Any, Literal, Union, get_args, get_origin
+from collections.abc import Mapping
+from typing import Any
 
 from pydantic import BaseModel
-from pydantic.fields import FieldInfo
 
 from pipelines.schema import add_pipeline_arguments
 from train.engine.settings import DRY_RUN_ALPHABET, DRY_RUN_IMAGE_DIM, DRY_RUN_VOCABULARY, TrainSection
 from train.models.family import get_family, train_settings, with_family_defaults
-
-
-def _comma_list(kind: type) -> Callable[[str], list]:
-    def parse(text: str) -> list:
-        try:
-            return [kind(v.strip()) for v in text.split(",") if v.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}") from None
-
-    return parse
-
-
-def field_option(group: argparse._ActionsContainer, name: str, info: FieldInfo) -> None:
-    """Add ``--name`` for the settings field ``name``: its type and choices from the annotation, its help
-    from the description; ``default=None``, so a value not given comes from the pipeline or the schema
-    (:func:`pipelines.schema.stage_settings`)."""
-    help_text = (info.description or "").replace("%", "%%")  # argparse formats the help with %
-    kwargs: dict[str, Any] = {"dest": name, "default": None, "help": help_text}
-    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-    if "metavar" in extra:
-        kwargs["metavar"] = extra["metavar"]
-    kind = info.annotation
-    if get_origin(kind) in (Union, UnionType):  # X | None: an option of type X
-        kinds = [a for a in get_args(kind) if a is not type(None)]
-        kind = kinds[0] if len(kinds) == 1 else None
-    if kind is bool:
-        kwargs["action"] = argparse.BooleanOptionalAction
-    elif get_origin(kind) is Literal:
-        kwargs["choices"] = get_args(kind)
-        kwargs["type"] = type(get_args(kind)[0])
-    elif get_origin(kind) is list:
-        kwargs["type"] = _comma_list(get_args(kind)[0])
-    elif kind in (int, float, str):
-        kwargs["type"] = kind
-    else:
-        raise TypeError(f"setting {name!r}: no command-line option for the type {info.annotation!r}")
-    group.add_argument("--" + name.replace("_", "-"), **kwargs)
+from vsecore.options import field_option
 
 
 def family_options(group: argparse._ActionsContainer, family: str) -> None:

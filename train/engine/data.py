@@ -9,7 +9,7 @@ Captions are encoded once per prepared dataset and codec and read back from a ca
 (:mod:`train.engine.caption_cache`), and kept as one flat array plus offsets, so COCO's 600k captions cost
 a few tens of megabytes instead of 600k Python lists; image features stay in the store's dtype, in one array
 shared by the splits (:class:`ImageRows`). Features larger than :func:`feature_memory_limit` (Karpathy
-COCO's grid regions: 15.5 GB) are not read at all: :class:`features.rows.StoreRows` reads each batch's
+COCO's grid regions: 15.5 GB) are not read at all: :class:`features.store.rows.StoreRows` reads each batch's
 rows from the store, with the same checks and bit-identical batches (``docs/scale.md``).
 
 An epoch is a fixed list of batches drawn up front from a seeded :class:`torch.Generator`
@@ -27,17 +27,17 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import torch
 
-from features.rows import open_rows, stored_bytes
-from features.spec import FeatureSpec
-from features.store import FeatureStore
-from features.store_read import parse_spec, read_matrix, stored_region_counts
+from features.store.core import FeatureStore
+from features.store.read import parse_spec, read_matrix, stored_region_counts
+from features.store.rows import open_rows, stored_bytes
+from features.store.spec import FeatureSpec
 from prep.dataset import PreparedDataset
 from train.engine.caption_cache import split_captions
 from train.engine.codecs import TextCodec, text_codec
 from vsecore.errors import UserError
 
 if TYPE_CHECKING:
-    from features.rows import StoreRows
+    from features.store.rows import StoreRows
 
 #: features up to this many bytes (in their stored dtype) are read into memory whole, larger ones a batch
 #: at a time from the store; ``VSE_FEATURE_MEMORY_MB`` overrides it (results are the same either way)
@@ -97,7 +97,7 @@ class ImageRows:
 
     Args:
         features: (N_all, *feature_shape) tensor, any real dtype, in the prepared dataset's imgid order, or
-            the store's rows read on demand (:class:`features.rows.StoreRows`, same values).
+            the store's rows read on demand (:class:`features.store.rows.StoreRows`, same values).
         rows: (N,) int64, the feature row (imgid) of each image of the split.
         counts: (N_all,) int64 real regions per image of region features (rows after them are padding),
             or None (every region real, or not region features).
@@ -204,9 +204,9 @@ def read_features(features: str, dataset: PreparedDataset | None = None
                   ) -> tuple[np.ndarray | StoreRows, np.ndarray]:
     """``STORE[:key]`` in its stored dtype: ``(x (N, *feature_shape), valid (N,) bool)``.
 
-    ``features.store.read_matrix`` with ``keep_dtype``: an int8 FNE stays int8 (converted per batch
+    ``features.store.read.read_matrix`` with ``keep_dtype``: an int8 FNE stays int8 (converted per batch
     by :class:`ImageRows`). An array larger than :func:`feature_memory_limit` (its size in the store's
-    metadata decides, never its values) is a :class:`features.rows.StoreRows` instead, read a batch at
+    metadata decides, never its values) is a :class:`features.store.rows.StoreRows` instead, read a batch at
     a time. With ``dataset``, a store made for other images is refused; a valid row that is not finite
     is refused (read whole: up front; on demand: when the row is read).
     """

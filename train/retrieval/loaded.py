@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from features.featurize import StoreFeaturizer
-from features.store import FeatureStore
-from features.store_read import layout_digest, parse_spec
+from features.featurize import Featurizer
+from features.store.core import FeatureStore
+from features.store.read import layout_digest, parse_spec
 from prep.dataset import PreparedDataset
 from train.engine.codecs import TextCodec, codec_for
 from train.engine.data import CaptionSet, load_caption_set, read_features, read_region_counts
@@ -24,13 +24,13 @@ from train.engine.settings import TrainSection
 from train.models.family import model_spec
 from train.models.joint import build_model
 from train.retrieval.query import search
-from train.run.checkpoint import load_checkpoint, load_model_state
 from train.run.config import (
     ACCEPT_CHANGED,
     changed_dataset_files,
     features_fingerprint,
     model_sizes,
     read_config,
+    rebuild_model,
     settings_from_config,
 )
 from train.run.layout import CONFIG, RunDir
@@ -135,7 +135,7 @@ class LoadedRun:
         An image that cannot be read is a :class:`UserError` naming it.
         """
         if self._featurizer is None:
-            self._featurizer = StoreFeaturizer(self.settings.features, str(self.device))
+            self._featurizer = Featurizer.from_store(self.settings.features, str(self.device))
         rows, failures = self._featurizer(list(paths))
         if failures:
             raise UserError(f"{failures[0]['path']}: cannot use this image: {failures[0]['reason']}")
@@ -177,13 +177,9 @@ def load_run_directory(run_dir: str | os.PathLike, checkpoint: str = "best", dev
     config = read_config(run_dir)
     settings = settings_from_config(config["settings"])
     dev = resolve_device(device)
-    vocab_size, feature_shape = model_sizes(config)
-    model = build_model(settings, vocab_size, feature_shape)  # sized by read_config's bounds
-    state = load_checkpoint(path, map_location="cpu", model=model)  # entries and shapes checked unread
-    load_model_state(model, state["model"], path, config.get("code_version", "?"))
-    model.to(dev).eval()
+    model, epoch = rebuild_model(lambda: build_model(settings, *model_sizes(config)), path, config, dev)
     return LoadedRun(run_dir=run_dir, settings=settings, config=config, model=model, device=dev,
-                     checkpoint=checkpoint, epoch=int(state["epoch"]))
+                     checkpoint=checkpoint, epoch=epoch)
 
 
 def embed_split(run: LoadedRun, split: str, texts: list[str] | None = None, lang: str | None = None

@@ -25,7 +25,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,11 +34,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from features.fne import check_thresholds, ternarize
-from features.images import ImageError, load_image
-from features.mapper import ImageMapper
-from features.store import FeatureStore
-from features.store_read import parse_spec
+from features.featurize import Featurizer
+from features.store.core import FeatureStore
+from features.store.read import parse_spec
+from features.store.ternary import check_thresholds
 from prep.dataset import Vocabulary
 from train.engine.codecs import TextCodec
 from train.engine.inference import embed_images
@@ -51,7 +49,6 @@ from train.run.config import (
     CLASSIFY_TASK,
     model_sizes,
     read_config,
-    read_json,
     settings_from_config,
     validate_config,
 )
@@ -66,6 +63,7 @@ from vsecore.io import (
     sha256_file,
     write_json_atomic,
 )
+from vsecore.jsonfile import read_json
 from vsecore.version import code_version
 
 MODEL_JSON = "model.json"
@@ -347,57 +345,22 @@ class SharedModel(LoadedRun):
     def encode_images(self, paths: list[str | os.PathLike]) -> torch.Tensor:
         """Image embeddings (N, d) of image files, featurized from the recorded extractor configuration."""
         if self._featurizer is None:
-            self._featurizer = RecordedFeaturizer(self, str(self.device))
+            self._featurizer = model_featurizer(self, str(self.device))
         rows, failures = self._featurizer(list(paths))
         if failures:
             raise UserError(f"{failures[0]['path']}: cannot use this image: {failures[0]['reason']}")
         return embed_images(self.model, torch.from_numpy(rows), self.device, amp=self.settings.amp)
 
 
-class RecordedFeaturizer:
-    """``featurizer(paths) -> (rows (B, *feature_shape) float32, failures)`` from a model folder's recorded
-    store configuration: the network and crops of the store, its weights checked by SHA-256, and for a
-    Full-Network Embedding the recorded statistics and thresholds."""
-
-    def __init__(self, model: SharedModel, device: str = "cpu") -> None:
-        spec, config = model.config["features"], model.config["features"]["store"]
-        where = model.run_dir / MODEL_JSON
-        kind = config.get("kind")
-        if kind not in ("cnn", "fne") or (spec["key"] == "global") != (kind == "cnn"):
-            raise UserError(f"{where}: the model's features ({kind}, {spec['key']}) were not computed by "
-                            "`features cnn|fne`, so new images cannot be featurized the same way")
-        self.key = spec["key"]
-        self.feature_shape = tuple(model.config["feature_shape"])
-        if self.key == "fne":  # checked before any network is loaded
-            self.mean, self.std, self.thresholds = read_fne_featurizer(model.run_dir, model.config)
-        try:
-            self.mapper = ImageMapper.from_config({
-                "cnn": config.get("cnn"), "weights": config.get("weights", "imagenet"),
-                "kind": "fne" if kind == "fne" else "global", "crops": config.get("crops", 10),
-                "batch_size": 32, "device": str(resolve_device(device)),
-                "input_size": config.get("input_size"), "resize": config.get("resize"),
-                "amp": config.get("amp", False)})
-        except UserError as exc:  # the extractor's own bounds (features.mapper), said of this file
-            raise UserError(f"{where}: features.store: {exc}") from None
-        if config.get("weights_sha256") != self.mapper.backbone.weights_sha256:
-            raise UserError(f"{where}: the model's features were made with network weights "
-                            f"{str(config.get('weights_sha256'))[:12]}..., the weights found here are "
-                            f"{str(self.mapper.backbone.weights_sha256)[:12]}...")
-
-    def __call__(self, paths: Sequence[str | Path]) -> tuple[np.ndarray, list[dict[str, str]]]:
-        """Rows of the images at ``paths`` (unusable images are left out and listed as failures)."""
-        images, failures = [], []
-        for p in paths:
-            try:
-                images.append(load_image(str(p)))
-            except ImageError as exc:
-                failures.append({"path": str(p), "reason": str(getattr(exc, "reason", None) or exc)})
-        if not images:
-            return np.zeros((0, *self.feature_shape), np.float32), failures
-        (raw,) = self.mapper(images).values()
-        if self.key == "fne":
-            raw = ternarize(raw, self.mean, self.std, *self.thresholds)
-        return np.asarray(raw, dtype=np.float32), failures
+def model_featurizer(model: SharedModel, device: str = "cpu") -> Featurizer:
+    """The featurizer of a model folder's query images (:class:`features.featurize.Featurizer`): the
+    network, crops and sizes of its recorded store configuration, the weights checked by SHA-256, and for a
+    Full-Network Embedding the statistics and thresholds of ``featurizer.safetensors`` (checked before any
+    network is loaded)."""
+    spec, config = model.config["features"], model.config["features"]["store"]
+    code = read_fne_featurizer(model.run_dir, model.config) if spec["key"] == "fne" else None
+    return Featurizer(config, spec["key"], model.config["feature_shape"], str(resolve_device(device)), code,
+                      source=f"{model.run_dir / MODEL_JSON}: features.store")
 
 
 def is_model_folder(path: str | os.PathLike) -> bool:

@@ -29,8 +29,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from features.store import FeatureStore
-from features.store_read import parse_spec
+from features.extractors.recipe import rows_description
+from features.store.core import FeatureStore
+from features.store.read import parse_spec
 from prep.dataset import PreparedDataset
 from train.engine.data import ImageRows, read_features
 from train.engine.inference import embed_images
@@ -105,10 +106,6 @@ def candidates(run: SearchableRun, split: str | None = "test") -> Candidates:
     return cache[split]
 
 
-#: store settings that decide what a feature row means: equal in the run's store and a searched one
-EXTRACTOR_KEYS = ("kind", "cnn", "weights", "weights_sha256", "crops", "resize", "input_size", "outputs")
-
-
 def store_candidates(run: SearchableRun, data: str | Path, features: str,
                      split: str | None = None) -> Candidates:
     """Embed (once per run, collection and split) the images and captions of another prepared dataset.
@@ -133,8 +130,9 @@ def store_candidates(run: SearchableRun, data: str | Path, features: str,
     if theirs.get("kind") == "fne" or mine.get("kind") == "fne":
         raise UserError(f"{features}: searching another Full-Network Embedding store is not supported: it is "
                         "standardised with its own train statistics, not the run's")
-    for name in EXTRACTOR_KEYS:
-        if mine.get(name) != theirs.get(name):
+    mine_rows, theirs_rows = rows_description(mine), rows_description(theirs)
+    for name in dict.fromkeys([*mine_rows, *theirs_rows]):  # what a row means: equal in both stores
+        if mine_rows.get(name) != theirs_rows.get(name):
             raise UserError(f"{features}: extracted with {name} = {theirs.get(name)!r}, but the run's store "
                             f"{run.settings.features} with {mine.get(name)!r}; extract it with the run's "
                             "settings")
