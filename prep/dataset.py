@@ -27,7 +27,8 @@ from prep.dataset_cache import cached_rows, rows_cache_file, write_rows_cache
 from prep.dataset_rows import DatasetRows, RowView, field_of, gc_paused, read_rows
 from prep.dataset_rows import item as column_item
 from vsecore.errors import UserError
-from vsecore.io import sha256_file, write_json_atomic
+from vsecore.io import read_bytes, sha256_file, write_json_atomic
+from vsecore.jsonfile import parse_json, read_json
 from vsecore.version import __version__
 
 DATASET_FILE = "dataset.json"
@@ -44,6 +45,8 @@ SPLITS = ("train", "val", "test")
 LANGUAGES = ("en", "de", "ja")
 #: version of the on-disk format, written into ``dataset.json`` and ``prep.json``
 FORMAT_VERSION = 1
+#: what the files of a prepared dataset are, in the messages of their readers
+PREPARED_FILE = "a prepared dataset's file"
 
 
 @dataclass(frozen=True)
@@ -122,22 +125,15 @@ class Vocabulary:
         return [self._index.get(s, unk) for s in symbols]
 
 
-def _read_json(path: Path, digest: list[str] | None = None) -> Any:
-    """The JSON file ``path`` (a :class:`UserError` when it is missing or not JSON); with ``digest``, the
-    SHA-256 of the bytes parsed is appended to it."""
-    raw = _read_bytes(path)
-    if digest is not None:
-        digest.append(hashlib.sha256(raw).hexdigest())
-    return _parse_json(_text_of(raw, path), path)
+def _missing(path: Path) -> str:
+    """What a missing file of a prepared dataset is said to mean."""
+    return f"{path}: not found (is this a prepared dataset folder? run `prep` first)"
 
 
 def _read_bytes(path: Path) -> bytes:
-    """The bytes of ``path`` (a :class:`UserError` when it is missing)."""
-    try:
-        with open(path, "rb") as fh:
-            return fh.read()
-    except FileNotFoundError:
-        raise UserError(f"{path}: not found (is this a prepared dataset folder? run `prep` first)") from None
+    """The bytes of ``path``, kept whole (their SHA-256 names the dataset), read with the checks of every
+    text input (:func:`vsecore.io.read_bytes`)."""
+    return read_bytes(path, PREPARED_FILE, _missing(path))
 
 
 def _text_of(raw: bytes, path: Path) -> str:
@@ -150,15 +146,11 @@ def _text_of(raw: bytes, path: Path) -> str:
 
 
 def _parse_json(text: str, path: Path) -> Any:
-    """The JSON ``text`` of ``path`` (named in a :class:`UserError` when it is not JSON), parsed with the
-    cyclic garbage collector paused (:func:`prep.dataset_rows.gc_paused`)."""
-    try:
-        with gc_paused():
-            return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: line {exc.lineno}, column {exc.colno}: invalid JSON: {exc.msg}") from None
-    except RecursionError:
-        raise UserError(f"{path}: JSON nested too deeply to read; not a file written by prep") from None
+    """The JSON ``text`` of ``path`` (:func:`vsecore.jsonfile.parse_json`: a one-line :class:`UserError`
+    when it is not JSON), parsed with the cyclic garbage collector paused
+    (:func:`prep.dataset_rows.gc_paused`: a dataset.json is millions of objects)."""
+    with gc_paused():
+        return parse_json(text, path)
 
 
 @dataclass
@@ -206,9 +198,10 @@ class PreparedDataset:
         name = meta["dataset"][0] if meta["dataset"] else root.name  # the folder's name when none is given
         languages = list(meta["languages"])
         images_root = Path(meta["images_root"])
+        record = root / RECORD_FILE
         return cls(root=root, name=name, languages=languages, pairs=pairs,
                    chars=load_vocabulary(root / CHARS_FILE), words=load_vocabulary(root / WORDS_FILE),
-                   record=_read_json(root / RECORD_FILE) if (root / RECORD_FILE).exists() else {},
+                   record=read_json(record, PREPARED_FILE, kind=dict) if record.exists() else {},
                    rows=rows, images_root=images_root, dataset_sha256=sha256)
 
     # -- images --------------------------------------------------------------------------------
@@ -362,10 +355,9 @@ def foreign_entries(path: str | os.PathLike) -> list[str]:
 
 def _record_of(path: Path) -> dict[str, Any]:
     try:
-        record = json.loads((path / RECORD_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+        return read_json(path / RECORD_FILE, PREPARED_FILE, kind=dict)
+    except UserError:  # no prep record, or not one: not a folder prep wrote
         return {}
-    return record if isinstance(record, dict) else {}
 
 
 def input_record(path: Path) -> dict[str, Any]:
@@ -424,7 +416,7 @@ def _load_pair(p: dict, file: Path, k: int) -> Pair:
 def load_vocabulary(path: str | os.PathLike) -> Vocabulary:
     """Read ``chars.json`` (key ``symbols``) or ``words.json`` (key ``tokens``)."""
     path = Path(path)
-    data = _read_json(path)
+    data = read_json(path, PREPARED_FILE, missing=_missing(path), kind=dict)
     symbols = data.get("symbols", data.get("tokens"))
     if not isinstance(symbols, list):
         raise UserError(f"{path}: missing field 'symbols' (chars) or 'tokens' (words)")

@@ -15,7 +15,7 @@ from prep.dataset import (
     is_prepared_dataset,
 )
 from prep.settings import PrepSection
-from vsecore.errors import UserError
+from vsecore.errors import UserError, disk_error_message, disk_error_reason
 
 
 def _given_inputs(settings: PrepSection) -> list[tuple[Path, str]]:
@@ -84,16 +84,15 @@ def _writes_out(name: Path, out: Path) -> bool:
 
 def _os_error(exc: OSError, out: Path) -> UserError | None:
     """One line for an ``OSError`` met while preparing ``out``: any failure to write ``--out`` (a
-    read-only folder or file system, a full disk) or a permission denied on an input; ``None``
-    for anything else (a bug: it keeps its traceback)."""
+    read-only folder or file system, a full disk: in the words of :func:`vsecore.errors.disk_error_message`)
+    or a permission denied on an input; ``None`` for anything else (a bug: it keeps its traceback)."""
     why = exc.strerror or str(exc)
     if not exc.filename:
-        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT):
-            return UserError(f"{out}: cannot write --out ({why})")
-        return None
+        reason = disk_error_reason(exc)
+        return UserError(f"{out}: cannot write --out ({reason})") if reason else None
     name = Path(exc.filename)
     if _writes_out(name, out):
-        return UserError(f"{out}: cannot write --out ({why}: {name})")
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return UserError(f"{out}: cannot write --out ({disk_error_message(exc) or f'{name}: {why}'})")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):  # an input prep may not read
         return UserError(f"{name}: {why}")
     return None

@@ -26,7 +26,6 @@ and ``val_fraction`` is a fraction of the rows left.
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from prep.dataset import (
     CHARS_FILE,
     DATASET_FILE,
     FORMAT_VERSION,
+    PREPARED_FILE,
     RECORD_FILE,
     SPLITS,
     WORDS_FILE,
@@ -63,6 +63,7 @@ from prep.vocab import build_char_vocabulary, build_word_vocabulary
 from vsecore import console
 from vsecore.errors import UserError
 from vsecore.io import atomic_directory, exclusive_lock, remove_stale_siblings
+from vsecore.jsonfile import read_json
 
 TASK = "textcls"
 #: ``text_repairs`` of a dataset whose texts went through :func:`prep.sources.textcls.repair_escapes`
@@ -352,12 +353,7 @@ class TextClsDataset:
         """Read a folder written by ``prep textcls`` (a :class:`UserError` for anything else)."""
         root = Path(path).expanduser().resolve()
         file = root / DATASET_FILE
-        try:
-            data = json.loads(file.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise UserError(f"{file}: not found (run `prep textcls` first)") from None
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{file}: line {exc.lineno}: invalid JSON: {exc.msg}") from None
+        data = read_json(file, PREPARED_FILE, missing=f"{file}: not found (run `prep textcls` first)")
         if not isinstance(data, dict) or data.get("task") != TASK:
             raise UserError(f"{root}: not a text classification dataset (written by `prep textcls`)")
         items = data["items"]
@@ -368,7 +364,7 @@ class TextClsDataset:
                    targets=np.asarray([it["label"] for it in items], dtype=np.int64),
                    splits=np.asarray([it["split"] for it in items]), langs=[it["lang"] for it in items],
                    chars=load_vocabulary(root / CHARS_FILE), words=load_vocabulary(root / WORDS_FILE),
-                   record=json.loads(record_path.read_text(encoding="utf-8")) if record_path.exists() else {})
+                   record=read_json(record_path, PREPARED_FILE, kind=dict) if record_path.exists() else {})
 
     def rows(self, split: str) -> np.ndarray:
         """Indices of the texts of ``split``, ascending."""
@@ -380,8 +376,8 @@ class TextClsDataset:
 def is_textcls_dataset(path: str | os.PathLike) -> bool:
     """Whether ``path`` holds a prepared classification dataset (its ``prep.json`` says so)."""
     try:
-        record = json.loads((Path(path) / RECORD_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        record = read_json(Path(path) / RECORD_FILE, PREPARED_FILE)
+    except UserError:
         return False
     return isinstance(record, dict) and record.get("task") == TASK
 

@@ -31,9 +31,9 @@ def reference_load(root: Path) -> dict[str, Any]:
         with open(file, encoding="utf-8") as fh:
             data = json.load(fh)
     except json.JSONDecodeError as exc:
-        raise UserError(f"{file}: line {exc.lineno}, column {exc.colno}: invalid JSON: {exc.msg}") from None
-    except RecursionError:
-        raise UserError(f"{file}: JSON nested too deeply to read; not a file written by prep") from None
+        raise UserError(f"{file}: line {exc.lineno}, column {exc.colno}: malformed JSON: {exc.msg}") from None
+    except RecursionError:  # the wording of the one JSON reader (vsecore.jsonfile.parse_json) since issue 42
+        raise UserError(f"{file}: JSON nested too deeply to read") from None
     except UnicodeDecodeError as exc:
         raise UserError(f"{file}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if isinstance(data, dict) and data.get("task") == "textcls":

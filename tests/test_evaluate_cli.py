@@ -157,16 +157,16 @@ def test_trainer_validation_warns_once_per_evaluation(capsys) -> None:
     """The trainer's validation (COCO-5cv here: five folds) prints the tie warning once, on stderr."""
     from types import SimpleNamespace
 
-    from train.retrieval.validation import retrieval_metrics
+    from train.retrieval.validation import retrieval_scorer
 
     rng = np.random.default_rng(27)
     im = rng.integers(0, 4, size=(5000, 4)).astype(np.float32) / 4  # few distinct rows: ties everywhere
     cap = rng.integers(0, 4, size=(25000, 4)).astype(np.float32) / 4
     settings = SimpleNamespace(measure="cosine", order_sqrt=False, val_protocol="5cv")
+    score = retrieval_scorer(settings, device=torch.device("cpu"))
     for _ in range(2):  # two validations (epochs): one line each
-        results = retrieval_metrics(torch.from_numpy(im), torch.from_numpy(cap), vsepp_caption_image(5000),
-                                    settings, device=torch.device("cpu"))
-        assert results["5cv"].metrics.t2i.ties > 4000
+        _, metrics = score(torch.from_numpy(im), torch.from_numpy(cap), vsepp_caption_image(5000))
+        assert metrics["5cv"]["t2i"]["ties"] > 4000
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     assert len(lines) == 2
     assert all("tied by another candidate" in line and "COCO-5cv" in line for line in lines)

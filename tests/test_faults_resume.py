@@ -149,7 +149,7 @@ def test_a_classification_stopped_in_its_final_evaluation_says_what_it_kept(clas
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(fit, "evaluate_test", interrupted)
+    monkeypatch.setattr(fit, "evaluate_run", interrupted)  # the test evaluation after training
     assert train_main([*classify_inputs, "--epochs", "2", "-q", "--out", str(tmp_path / "run")]) == 130
     assert capsys.readouterr().err.strip() == "train: interrupted (epoch 2 kept: re-run with --resume)"
 
@@ -233,9 +233,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: folder made and about to be renamed) and SIGKILL itself before step K; K = 0 counts the steps into a file
 KILL_DRIVER = r'''
 import contextlib, os, signal, sys
-import features.store as store
+import features.store.core as store
 from features.cli import main
-from features.store_array import StoreArray
+from features.store.array import StoreArray
 
 source, base = sys.argv[1:]
 real_set, real_attrs = StoreArray.__setitem__, store.FeatureStore._update_attrs
@@ -282,7 +282,7 @@ print(steps)
 
 def _region_store(path: Path, rows: int = 20, block: int = 10) -> Path:
     """A finished zstd region store of 32 KiB rows (one inner chunk per row), ``rows // block`` blocks."""
-    from features.store import FeatureStore
+    from features.store.core import FeatureStore
 
     store = FeatureStore.create(path, np.arange(rows), {"regions": (2, 4096)}, block,
                                 config={"kind": "regions"}, provenance={"network": "random"})
@@ -297,7 +297,7 @@ def _region_store(path: Path, rows: int = 20, block: int = 10) -> Path:
 
 def _store_contents(path: Path) -> dict[str, Any]:
     """A store's record (its generation aside) and every array's values, as comparable Python objects."""
-    from features.store import FeatureStore
+    from features.store.core import FeatureStore
 
     store = FeatureStore(path)
     contents: dict[str, Any] = {"attrs": {k: v for k, v in store.attrs.items() if k != "generation"}}

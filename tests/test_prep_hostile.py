@@ -177,8 +177,8 @@ def _symlinked_folder_in_filename(work: Path) -> list[str]:
 #: (case, build the inputs and return the arguments (``--out`` is added unless given), words of the message)
 HOSTILE = [
     ("lone surrogate in a caption", _surrogate, "lone surrogate"),
-    ("lone surrogate in a file name", _surrogate_in("filename"), "images[0].filename: holds a lone"),
-    ("lone surrogate in the dataset name", _surrogate_in("dataset"), "dataset: holds a lone surrogate"),
+    ("lone surrogate in a file name", _surrogate_in("filename"), "images[0].filename: 'a\\ud800.jpg' holds"),
+    ("lone surrogate in the dataset name", _surrogate_in("dataset"), "dataset: 'x\\udc80' holds a lone"),
     ("100k-deep Karpathy JSON", _deep_karpathy, "nested too deeply"),
     ("100k-deep COCO caption file", _deep_annotations, "nested too deeply"),
     ("100k-deep split file", _deep_split_file, "nested too deeply"),

@@ -205,12 +205,13 @@ def test_write_errors_are_one_line_errors(tmp_path: Path, capsys: pytest.Capture
 
     monkeypatch.setattr(prep.dataset, "write_json_atomic", denied)
     err = _error([*SYNTH, "--out", str(out)], capsys)
-    assert f"{out}: cannot write --out (Permission denied: {tmp_path}/.data." in err
+    assert f"{out}: cannot write --out ({tmp_path}/.data." in err  # the file, then the words of disk errors
+    assert err.endswith("chars.json: permission denied: fix the permissions or write elsewhere)"), err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     # and on an input: the file named, no traceback
     karpathy, images = _coco(tmp_path)
 
-    def unreadable(path: Path) -> object:
+    def unreadable(path: Path, *args: object, **kwargs: object) -> object:
         raise PermissionError(13, "Permission denied", str(path))
 
     monkeypatch.setattr("prep.sources.coco.read_json", unreadable)

@@ -50,16 +50,16 @@ def test_image_queries_are_featurized_like_the_store(run_dir: Path) -> None:
     stored one only where a threshold lies between the two raw values; the embedding then differs
     by exactly those codes and by nothing else.
     """
-    from features.featurize import StoreFeaturizer
-    from features.fne import standardize
-    from features.images import load_image
+    from features.extractors.images import load_image
+    from features.featurize import Featurizer
+    from features.store.ternary import standardize
     from train.engine.inference import embed_images
 
     run = load_run(run_dir, device="cpu")
     emb = embed_split(run, "test")
     ids = emb.imgids[:3]
     paths = [str(run.dataset.images[i].path) for i in ids]
-    featurizer = StoreFeaturizer(run.settings.features)
+    featurizer = Featurizer.from_store(run.settings.features)
     fne = featurizer.key == "fne"
     stored_raw = np.asarray(featurizer.store.array("fne/raw" if fne else "global")[:])[ids]
     (raw,) = featurizer.mapper([load_image(p) for p in paths]).values()
@@ -150,8 +150,8 @@ def _collection(root: Path, kind: str, input_size: int = 96) -> tuple[Path, Path
 
 
 def test_search_another_collection_with_its_store(run_dir: Path, tmp_path: Path, capsys) -> None:
-    from features.store import FeatureStore
-    from features.store_read import parse_spec
+    from features.store.core import FeatureStore
+    from features.store.read import parse_spec
 
     run = load_run(run_dir, device="cpu")
     kind = FeatureStore(parse_spec(run.settings.features)[0]).attrs["config"]["kind"]

@@ -435,12 +435,12 @@ def test_a_full_disk_during_training_is_one_line_with_what_was_kept(data, tmp_pa
 def test_a_full_disk_in_evaluate_and_export_is_one_line(trained: Path, tmp_path: Path, capsys,
                                                         monkeypatch) -> None:
     from train.retrieval import embeddings as export
-    from train.retrieval.evaluate import run as evaluate_cli
+    from train.retrieval.evaluate import entry as evaluation  # where an evaluation's JSON is written
 
     def full(path: object, *args: object, **kwargs: object) -> None:
         raise _enospc(path)
 
-    monkeypatch.setattr(evaluate_cli, "write_json_atomic", full)
+    monkeypatch.setattr(evaluation, "write_json_atomic", full)
     monkeypatch.setattr(export, "_save", full)
     for argv, where in ((["evaluate", "--run", trained, "--json", tmp_path / "e.json"], tmp_path / "e.json"),
                         (["export-embeddings", "--run", trained, "--out", tmp_path / "x"],

@@ -183,7 +183,7 @@ def _scripted_validation(monkeypatch, script: list[float]) -> None:
 def test_poe_curriculum_switches_to_max_from_the_best_checkpoint(data, tmp_path, monkeypatch, capsys) -> None:
     prepared, features = data
     _scripted_validation(monkeypatch, [10.0, 12.0, 11.0, 13.0, 9.0, 8.0, 7.0])
-    monkeypatch.setattr(fit, "evaluate_test", lambda *a, **k: None)
+    monkeypatch.setattr(fit, "evaluate_after_training", lambda *a, **k: None)
     run = tmp_path / "poe"
     assert train_cli(["vse", "--data", str(prepared), "--features", features, "--kind", "POE", *VSE_SMALL,
                       "--epochs", "5", "--early-stop", "1", "--out", str(run)]) == 0
@@ -202,7 +202,7 @@ def test_poe_curriculum_switches_to_max_from_the_best_checkpoint(data, tmp_path,
 def test_curriculum_phase_switch_reloads_the_best_weights(data, tmp_path, monkeypatch) -> None:
     prepared, features = data
     _scripted_validation(monkeypatch, [10.0, 9.0, 8.0])
-    monkeypatch.setattr(fit, "evaluate_test", lambda *a, **k: None)
+    monkeypatch.setattr(fit, "evaluate_after_training", lambda *a, **k: None)
     seen: dict[str, dict] = {}
     original = fit.Trainer._next_phase
 
@@ -254,8 +254,8 @@ def test_resume_across_the_curriculum_switch_equals_an_uninterrupted_run(data, t
 
 def make_fne_store(path: Path, prepared: Path, width: int = 40, seed: int = 0) -> Path:
     """A complete FNE store (``fne/raw`` with a class signal, train statistics, int8 ``fne/ternary``)."""
-    from features.extract import finish_fne
-    from features.store import FeatureStore
+    from features.store.core import FeatureStore
+    from features.store.ternary import finish_fne
 
     dataset = json.loads((prepared / "dataset.json").read_text())
     n = len(dataset["images"])

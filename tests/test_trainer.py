@@ -150,7 +150,7 @@ def test_learning_rate_decay_and_early_stopping(data, tmp_path, monkeypatch) -> 
     prepared, features = data
     scripted = iter([100.0, 120.0, 110.0, 119.0, 118.0, 117.0, 200.0])
     monkeypatch.setattr(fit.Trainer, "validate", lambda self: (next(scripted), {}))
-    monkeypatch.setattr(fit, "evaluate_test", lambda *a, **k: None)
+    monkeypatch.setattr(fit, "evaluate_after_training", lambda *a, **k: None)
     run = tmp_path / "plateau"
     assert train_cli(["chain", "--data", str(prepared), "--features", features, *TINY, "--epochs", "7",
                       "--lr-decay-patience", "2", "--early-stop", "3", "--batch-size", "64",
@@ -225,7 +225,7 @@ def test_curves_png_and_train_report(data, tmp_path, capsys) -> None:
 
 
 def test_a_store_made_for_other_images_is_refused(tmp_path, capsys) -> None:
-    from features.store import FeatureStore
+    from features.store.core import FeatureStore
     from prep.dataset import PreparedDataset
 
     mine = make_prepared(tmp_path / "mine", n_train=20)

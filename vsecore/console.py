@@ -6,7 +6,8 @@ Every command shares one verbosity, set from the command line by :func:`vsecore.
 * :func:`result` (stdout, always): what the command computed (tables, summaries);
 * :func:`info` (stdout, unless quiet): what it is doing;
 * :func:`detail` (stdout, with ``-v``): more of it;
-* :func:`warning` (stderr, always).
+* :func:`warning` (stderr, always);
+* :func:`error` (stderr, always): the one line a failed or stopped command ends with.
 
 :func:`progress` is a progress bar with rate and ETA on a terminal, and plain periodic lines
 (every ``$VSE_PROGRESS_SECONDS`` seconds, default 30, plus the last) when the output is not a
@@ -72,6 +73,12 @@ def detail(text: str) -> None:
 
 def warning(text: str) -> None:
     """Print a warning on stderr (always)."""
+    print(text, file=sys.stderr, flush=True)
+    _to_files(text)
+
+
+def error(text: str) -> None:
+    """Print the line a command ends with when it fails or is stopped, on stderr (always)."""
     print(text, file=sys.stderr, flush=True)
     _to_files(text)
 

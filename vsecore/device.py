@@ -1,7 +1,8 @@
-"""The one meaning of ``--device`` in every command."""
+"""The one meaning of ``--device`` in every command, and of ``--amp`` on a device (:func:`autocast`)."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 from vsecore.errors import UserError
@@ -31,3 +32,18 @@ def resolve_device(device: Any) -> Any:
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         raise UserError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return dev
+
+
+def uses_amp(device: Any, amp: bool) -> bool:
+    """Whether ``--amp`` (bf16 autocast) applies on ``device``: on CUDA only; a CPU stays float32, exact."""
+    return bool(amp) and getattr(device, "type", str(device).split(":")[0]) == "cuda"
+
+
+def autocast(device: Any, amp: bool) -> Any:
+    """The context every model call runs in: bf16 autocast on CUDA when ``amp`` (:func:`uses_amp`), else a
+    no-op context (the same numbers as no context at all)."""
+    if not uses_amp(device, amp):
+        return nullcontext()
+    import torch
+
+    return torch.autocast("cuda", dtype=torch.bfloat16)

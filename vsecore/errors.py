@@ -15,6 +15,8 @@ import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 
+from vsecore import console
+
 
 class UserError(Exception):
     """Bad input, configuration or option; reported in one line, exit status 2."""
@@ -94,9 +96,16 @@ def _hint(exc: BaseException) -> str:
     return f" ({text})" if text else ""
 
 
+def disk_error_reason(exc: BaseException) -> str | None:
+    """What a user can do about an :class:`OSError` of a full, read-only or forbidden disk (the one mapping
+    of disk errors to words, :data:`_DISK_ERRORS`), else None (another error, or no ``OSError``)."""
+    return _DISK_ERRORS.get(exc.errno or 0) if isinstance(exc, OSError) else None
+
+
 def disk_error_message(exc: OSError) -> str | None:
-    """One line for an :class:`OSError` a user can fix (full, read-only or forbidden disk), else None."""
-    reason = _DISK_ERRORS.get(exc.errno or 0)
+    """One line for an :class:`OSError` a user can fix (full, read-only or forbidden disk), naming the file,
+    else None."""
+    reason = disk_error_reason(exc)
     if reason is None:
         return None
     where = exc.filename if exc.filename is not None else "a file being written"
@@ -116,8 +125,6 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
     Ctrl-C and SIGTERM (:class:`Terminated`) are one line and status 130 / 143. Both name what the
     command kept when it registered a :func:`resume_hint`.
     """
-    from vsecore import console
-
     args = list(sys.argv[1:] if argv is None else argv)
     flags = {COMMON_FLAGS[a] for a in args if a in COMMON_FLAGS}
     args = [a for a in args if a not in COMMON_FLAGS]
@@ -132,17 +139,17 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
     except UserError as exc:
         if show_tb:
             raise
-        print(f"{prog}: error: {exc}{_hint(exc)}", file=sys.stderr)
+        console.error(f"{prog}: error: {exc}{_hint(exc)}")
         return exc.exit_code
     except OSError as exc:
         message = disk_error_message(exc)
         if message is None or show_tb:
             raise
-        print(f"{prog}: error: {message}{_hint(exc)}", file=sys.stderr)
+        console.error(f"{prog}: error: {message}{_hint(exc)}")
         return 2
     except KeyboardInterrupt as exc:
         terminated = isinstance(exc, Terminated)
-        print(f"{prog}: {'terminated' if terminated else 'interrupted'}{_hint(exc)}", file=sys.stderr)
+        console.error(f"{prog}: {'terminated' if terminated else 'interrupted'}{_hint(exc)}")
         return 143 if terminated else 130
     finally:
         if previous is not None:
@@ -165,5 +172,5 @@ def interrupted_while_loading(prog: str) -> Iterator[None]:
         if not isinstance(interrupt, KeyboardInterrupt):
             raise
         word, status = ("terminated", 143) if isinstance(interrupt, Terminated) else ("interrupted", 130)
-        print(f"{prog}: {word} (while starting; nothing was written)", file=sys.stderr)
+        console.error(f"{prog}: {word} (while starting; nothing was written)")
         raise SystemExit(status) from None

@@ -265,13 +265,11 @@ def _check_regular(path: str | os.PathLike, st: os.stat_result, most: int, what:
         raise UserError(f"{path}: {what} is {st.st_size:,} bytes, more than the {most:,} it may have")
 
 
-def read_text(path: str | os.PathLike, expected: str = "a text file", missing: str | None = None,
-              most: int = MAX_TEXT_BYTES) -> str:
-    """The UTF-8 text of the file ``path``, or a one-line :class:`UserError`: ``missing`` (default ``PATH: no
-    such file``) when it does not exist, ``PATH: is a folder, expected EXPECTED``, not a regular file (a
-    FIFO, a device such as ``/dev/zero``: refused without reading), more than ``most`` bytes, ``PATH: not
-    UTF-8 text (REASON at byte N)``, or ``PATH: not readable (ERROR)``. The one reader of every command's
-    text inputs (pipelines files, annotation JSON, a run's configuration), so they fail alike."""
+def read_bytes(path: str | os.PathLike, expected: str = "a file", missing: str | None = None,
+               most: int = MAX_TEXT_BYTES) -> bytes:
+    """The bytes of the file ``path``, or :func:`read_text`'s one-line :class:`UserError` (missing, a folder,
+    not a regular file, more than ``most`` bytes, not readable): what a reader keeps whole to hash it (a
+    prepared ``dataset.json``) reads through this, the checks of every text input."""
     from vsecore.errors import UserError
 
     try:
@@ -281,6 +279,19 @@ def read_text(path: str | os.PathLike, expected: str = "a text file", missing: s
         raise UserError(f"{path}: not readable ({exc.strerror or type(exc).__name__})") from None
     if len(data) > most:  # grew since the check
         raise UserError(f"{path}: {expected} is more than the {most:,} bytes it may have")
+    return data
+
+
+def read_text(path: str | os.PathLike, expected: str = "a text file", missing: str | None = None,
+              most: int = MAX_TEXT_BYTES) -> str:
+    """The UTF-8 text of the file ``path``, or a one-line :class:`UserError`: ``missing`` (default ``PATH: no
+    such file``) when it does not exist, ``PATH: is a folder, expected EXPECTED``, not a regular file (a
+    FIFO, a device such as ``/dev/zero``: refused without reading), more than ``most`` bytes, ``PATH: not
+    UTF-8 text (REASON at byte N)``, or ``PATH: not readable (ERROR)``. The one reader of every command's
+    text inputs (pipelines files, annotation JSON, a run's configuration), so they fail alike."""
+    from vsecore.errors import UserError
+
+    data = read_bytes(path, expected, missing, most)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -15,13 +15,13 @@ The artifacts are recognised by their markers: a prepared dataset by ``.vse-prep
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from vsecore.errors import UserError
+from vsecore.jsonfile import read_json
 
 #: the marker files of the artifacts (the prepared dataset's is also :data:`prep.dataset.MARKER_FILE`)
 PREPARED_MARKER = ".vse-prepared"
@@ -159,10 +159,8 @@ def artifact_kind(path: str | os.PathLike) -> str | None:
 
 def _is_toolkit_store(zarr_json: Path) -> bool:
     try:
-        if zarr_json.stat().st_size > 1 << 24:
-            return False
-        meta = json.loads(zarr_json.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+        meta = read_json(zarr_json, "a Zarr group's metadata", most=1 << 24)
+    except UserError:  # not a store's metadata (a FIFO, too large, not JSON): no store of this toolkit
         return False
     return isinstance(meta, dict) and meta.get("node_type") == "group"
 

@@ -22,7 +22,6 @@ the same user that rewrites the manifest as well (such a program can edit the to
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import stat
@@ -171,14 +170,14 @@ def record_manifest(folder: str | os.PathLike) -> Path:
 
 def _recorded(folder: Path) -> dict[str, str] | None:
     """The manifest's files, or ``None`` where there is no manifest or it cannot be read as one."""
-    from vsecore.io import read_text
+    from vsecore.jsonfile import read_json
 
     path = manifest_path(folder)
     if not os.path.lexists(path):
         return None
     try:
-        data = json.loads(read_text(path, "a cache manifest", most=64 << 20))
-    except (UserError, ValueError):
+        data = read_json(path, "a cache manifest", most=64 << 20)
+    except UserError:
         return None
     files = data.get("files") if isinstance(data, dict) and data.get("format") == MANIFEST_FORMAT else None
     return files if isinstance(files, dict) else None

@@ -10,18 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vsecore.errors import UserError
-from vsecore.io import MAX_TEXT_BYTES, read_text, regular_file_size
-
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
-#: the JSON escape of a surrogate code point (``\ud83d`` ...); a file without one decodes to none
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+from vsecore.io import MAX_TEXT_BYTES, regular_file_size
 
 
 @dataclass
@@ -71,43 +66,6 @@ class RawDataset:
     excluded: dict[str, int] = field(default_factory=dict)
     #: settings the reader chose that must be recorded (e.g. the split seed)
     notes: dict[str, Any] = field(default_factory=dict)
-
-
-def read_json(path: str | os.PathLike) -> Any:
-    """Parse a JSON file; a :class:`UserError` naming the file and the line if it is not JSON."""
-    path = Path(path)
-    text = read_text(path, "a JSON file")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: line {exc.lineno}, column {exc.colno}: malformed JSON: {exc.msg}") from None
-    except RecursionError:
-        raise UserError(f"{path}: JSON nested too deeply to read (thousands of levels of lists or "
-                        "objects); not an annotation file") from None
-    if "\\" in text and _SURROGATE_ESCAPE.search(text):  # a pair (an emoji) or a lone one: look closer
-        _check_no_lone_surrogate(data, path)
-    return data
-
-
-def _check_no_lone_surrogate(data: Any, path: Path) -> None:
-    """A one-line :class:`UserError` naming the first string of ``data`` (a key or a value) holding a
-    lone surrogate (JSON ``"\\ud800"``): not Unicode text, it cannot be tokenized, written as UTF-8 or
-    used in a file name."""
-    stack: list[tuple[str, Any]] = [("", data)]
-    while stack:
-        where, item = stack.pop()
-        if isinstance(item, dict):
-            for key, value in item.items():
-                if _SURROGATE.search(key):
-                    raise UserError(f"{path}: {where or 'top level'}: key {key!r} holds a lone surrogate, "
-                                    "which is not Unicode text; fix the file")
-                stack.append((f"{where}.{key}" if where else key, value))
-        elif isinstance(item, list):
-            stack.extend((f"{where}[{k}]", value) for k, value in reversed(list(enumerate(item))))
-        elif isinstance(item, str) and _SURROGATE.search(item):
-            at = _SURROGATE.search(item).start()
-            raise UserError(f"{path}: {where}: holds a lone surrogate (U+{ord(item[at]):04X}) at character "
-                            f"{at}, which is not Unicode text; fix the file")
 
 
 def check_id(value: Any, file: str | os.PathLike, where: str, key: str) -> Any:

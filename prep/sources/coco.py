@@ -26,10 +26,10 @@ from prep.sources import (
     need,
     need_dir,
     need_file,
-    read_json,
 )
 from vsecore.errors import UserError
 from vsecore.io import write_json_atomic
+from vsecore.jsonfile import read_json
 from vsecore.outputs import check_output_file
 
 KARPATHY_SPLITS = ("train", "restval", "val", "test")
@@ -53,7 +53,7 @@ def read_karpathy(path: str | os.PathLike, images: str | os.PathLike | None, res
     """
     path = need_file(path, "--karpathy")
     if data is None:
-        data = read_json(path)
+        data = read_json(path, text_only=True)
     rows = need(data, "images", path, "top level", list)
     out: list[RawImage] = []
     excluded = 0
@@ -127,7 +127,7 @@ def read_annotations(files: list[str], split_file: str | os.PathLike | None, ima
     for f in files:
         path = need_file(f, "--annotations")
         inputs.append(path)
-        data = read_json(path)
+        data = read_json(path, text_only=True)
         for k, img in enumerate(need(data, "images", path, "top level", list)):
             where = f"images[{k}]"
             cocoid = need(img, "id", path, where, int)
@@ -166,7 +166,7 @@ def read_annotations(files: list[str], split_file: str | os.PathLike | None, ima
 
 def read_split_file(path: Path) -> dict[Any, str]:
     """COCO id (and file name) -> Karpathy split, from a Karpathy JSON or a ``{split: [ids]}`` JSON."""
-    data = read_json(path)
+    data = read_json(path, text_only=True)
     out: dict[Any, str] = {}
     if isinstance(data, dict) and "images" in data:
         for k, img in enumerate(need(data, "images", path, "top level", list)):
@@ -226,7 +226,7 @@ def karpathy_from_flat(train: str | os.PathLike, val: str | os.PathLike, out: st
     index: dict[str, dict[str, Any]] = {}
     sentid = 0
     for file, kind in ((Path(train), "train"), (Path(val), "val")):
-        rows = read_json(file)
+        rows = read_json(file, text_only=True)
         if not isinstance(rows, list):
             raise UserError(f"{file}: expected a list of {{image_path, caption, image_id}}")
         seen_here = 0

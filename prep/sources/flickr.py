@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from prep.sources import RawCaption, RawDataset, RawImage, need_dir, need_file, read_text
+from prep.sources import RawCaption, RawDataset, RawImage, need_dir, need_file
 from prep.sources.coco import read_karpathy
 from vsecore.errors import UserError
+from vsecore.io import read_text
 
 #: official Flickr8k split lists, in image order
 F8K_SPLIT_LISTS = (("train", "Flickr_8k.trainImages.txt"), ("val", "Flickr_8k.devImages.txt"),

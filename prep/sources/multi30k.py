@@ -16,8 +16,9 @@ import gzip
 import os
 from pathlib import Path
 
-from prep.sources import RawCaption, RawDataset, RawImage, RawPair, need_dir, read_text
+from prep.sources import RawCaption, RawDataset, RawImage, RawPair, need_dir
 from vsecore.errors import UserError
+from vsecore.io import read_text
 
 #: split -> (task2 file stem, task1 file stem)
 SPLIT_FILES = {"train": ("train", "train"), "val": ("val", "val"), "test": ("test_2016", "test_2016_flickr")}

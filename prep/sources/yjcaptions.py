@@ -24,13 +24,13 @@ from prep.sources import (
     need,
     need_dir,
     need_file,
-    read_json,
 )
 from vsecore.errors import UserError
+from vsecore.jsonfile import read_json
 
 
 def _english_by_cocoid(path) -> dict[int, dict[str, Any]]:
-    data = read_json(path)
+    data = read_json(path, text_only=True)
     out: dict[int, dict[str, Any]] = {}
     for k, img in enumerate(need(data, "images", path, "top level", list)):
         where = f"images[{k}]"
@@ -55,7 +55,7 @@ def read_yjcaptions(yj: str | os.PathLike | None, coco_karpathy: str | os.PathLi
     """Japanese (to be transliterated) + English captions per image, seeded val/test splits."""
     yj_path = need_file(yj, "--yj")
     coco_path = need_file(coco_karpathy, "--coco-karpathy")
-    data = read_json(yj_path)
+    data = read_json(yj_path, text_only=True)
     japanese: dict[int, list[RawCaption]] = {}
     order: list[int] = []
     for k, img in enumerate(data.get("images", []) if isinstance(data, dict) else []):

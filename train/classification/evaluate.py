@@ -1,6 +1,9 @@
-"""The evaluation of a classification run: the test metrics of a checkpoint, the accuracy under character
-noise and its figure. :func:`evaluate_run` is what ``train evaluate --run`` of a classification run and the
-pipeline runner both call."""
+"""The evaluation of a classification run: the metrics of a checkpoint on a split, the accuracy under
+character noise and its figure. :func:`evaluate_run` is the one evaluation of a run: ``train evaluate --run``
+of a classification run, the pipeline runner and the test evaluation after training
+(:func:`train.classification.fit.run_classification`, into ``eval/test.json``) all call it; the metrics
+come from :func:`train.classification.model.evaluate_texts`, which the validation during training
+computes too."""
 
 from __future__ import annotations
 
@@ -9,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from train.classification.metrics import format_metrics
 from train.classification.run import ClassificationRun, load_classification_run
@@ -18,20 +20,6 @@ from train.engine.plots import new_figure, save_figure
 from train.engine.trainer import write_evaluation
 from train.run.layout import RunDir, evaluation_name, noise_name
 from vsecore import console
-
-
-def evaluate_test(run_dir: Path, device: torch.device | str = "auto") -> dict[str, Any] | None:
-    """Evaluate the best checkpoint on the test split: ``eval/test.json`` and the printed table."""
-    if not RunDir(run_dir).best.is_file():
-        console.info("no best checkpoint (no epoch finished); test evaluation skipped")
-        return None
-    run = load_classification_run(run_dir, "best", str(device))
-    metrics = run.evaluate("test")
-    title = f"{run_dir.name}: test split, best checkpoint (epoch {run.epoch})"
-    console.result(format_metrics(metrics, title))
-    write_evaluation(RunDir(run_dir).test_eval, {"split": "test", "checkpoint": "best",
-                                                      "epoch": run.epoch, **metrics})
-    return metrics
 
 
 def noise_accuracy(run: ClassificationRun, ratios: Sequence[float], split: str = "test", seed: int = 0

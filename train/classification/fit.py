@@ -12,7 +12,6 @@ with ``"task": "classify"``, ``checkpoints/best.pt`` and ``last.pt``, ``metrics.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -24,8 +23,7 @@ import torch
 
 from prep.dataset import CHARS_FILE, DATASET_FILE, WORDS_FILE
 from prep.textcls import TextClsDataset
-from train.classification.evaluate import evaluate_test
-from train.classification.metrics import classification_metrics
+from train.classification.evaluate import evaluate_run
 from train.classification.model import (
     TASK,
     ClassificationObjective,
@@ -33,8 +31,8 @@ from train.classification.model import (
     NoisyTexts,
     build_classifier,
     classifier_codec,
+    evaluate_texts,
     labelled_texts,
-    predict_logits,
     with_training_noise,
 )
 from train.engine.codecs import TextCodec
@@ -43,9 +41,8 @@ from train.engine.trainer import Trainer
 from train.models.classifier import encoder_spec
 from train.run.checkpoint import remove_stale_temporaries
 from train.run.config import (
-    RESUMABLE_CHANGES,
+    check_same_config,
     prepare_run_dir,
-    read_config,
     run_log,
     write_config,
 )
@@ -80,8 +77,7 @@ class ClassificationTrainer(Trainer):
 
     def validate(self) -> tuple[float, dict[str, Any]]:
         """Accuracy (%) on the validation texts and ``{"accuracy", "macro_f1"}``."""
-        logits = predict_logits(self.model, self.val_set, self.device, self.settings.amp)
-        m = classification_metrics(self.val_set.labels, logits.argmax(1).numpy(), self.labels)
+        m = evaluate_texts(self.model, self.val_set, self.labels, self.device, self.settings.amp)
         return m["accuracy"], {"accuracy": m["accuracy"], "macro_f1": m["macro_f1"]}
 
     def metrics_record(self, record: dict[str, Any]) -> dict[str, Any]:
@@ -103,26 +99,6 @@ def _config(settings: ClassifySection, dataset: TextClsDataset, codec: TextCodec
         "data": {split: {"texts": len(ts)} for split, ts in sets.items()},
         "code_version": code_version(),
     }
-
-
-def _check_resumable(run_dir: Path, new: dict[str, Any]) -> None:
-    """A :class:`UserError` naming the first setting or fingerprint that differs from the run's."""
-    old = read_config(run_dir)
-    if old.get("task") != TASK:
-        raise UserError(f"{run_dir}: cannot resume: not a classification run")
-
-    def flat(c: dict[str, Any]) -> dict[str, Any]:
-        c["settings"].setdefault("train_noise", 0.0)  # a run from before --train-noise trained without
-        out = {f"settings.{k}": v for k, v in c["settings"].items() if k not in RESUMABLE_CHANGES}
-        out.update({f"fingerprints.{k}": v for k, v in c["fingerprints"].items()})
-        out.update({"vocab_size": c["vocab_size"], "labels": c["labels"]})
-        return out
-
-    a, b = flat(old), flat(json.loads(json.dumps(new)))
-    for key in sorted(set(a) | set(b)):
-        if a.get(key) != b.get(key):
-            raise UserError(f"{run_dir}: cannot resume: {key} was {a.get(key)!r}, now {b.get(key)!r} "
-                            "(resume with the run's settings, or start a new run with another --out)")
 
 
 def absolute(settings: ClassifySection) -> ClassifySection:
@@ -180,7 +156,7 @@ def _train(settings: ClassifySection, run_dir: Path, resume: bool, log: Callable
     trainer = ClassificationTrainer(settings, model, ClassificationObjective(), train, sets["val"],
                                     run_dir, device, log=log, labels=dataset.labels)
     if resume:
-        _check_resumable(run_dir, config)
+        check_same_config(run_dir, config)
         trainer.resume(log)
     write_config(run_dir, config)  # starts a new run (its marker and config.json in one step)
     started()
@@ -194,7 +170,11 @@ def _train(settings: ClassifySection, run_dir: Path, resume: bool, log: Callable
     log(f"training done in {time.perf_counter() - t0:.0f}s: best val accuracy {trainer.best_rsum:.2f}% "
         f"after {trainer.epoch} epochs; run directory {run_dir}")
     del trainer
-    evaluate_test(run_dir, device)
+    if not RunDir(run_dir).best.is_file():
+        log("no best checkpoint (no epoch finished); test evaluation skipped")
+        return
+    # the one evaluation of a run (train evaluate --run's), into eval/test.json
+    evaluate_run(run_dir, "test", "best", str(device), json_path=RunDir(run_dir).test_eval)
 
 
 def dry_run_report(settings: ClassifySection, vocab_size: int | None = None,

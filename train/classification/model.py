@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from prep.textcls import TextClsDataset
+from train.classification.metrics import classification_metrics
 from train.engine.codecs import TextCodec, codec_for
 from train.engine.inference import embed_codes
 from train.engine.noise import caption_alphabet, training_noise
@@ -137,6 +138,17 @@ def predict_logits(model: TextClassifier, texts: LabelledTexts, device: torch.de
                    ) -> torch.Tensor:
     """Logits (M, K) float32 on the CPU of every text of ``texts``, in order (eval mode)."""
     return embed_codes(model, texts.codes, texts.codec, device, amp=amp)
+
+
+def evaluate_texts(model: TextClassifier, texts: LabelledTexts, labels: Sequence[str], device: torch.device,
+                   amp: bool = False) -> dict[str, Any]:
+    """:func:`train.classification.metrics.classification_metrics` of the classes ``model`` predicts for
+    ``texts`` (the most probable of its logits (M, K)) against their labels (M,): the one measurement of a
+    classifier, what its validation during training (:class:`train.classification.fit.ClassificationTrainer`)
+    and every evaluation of a run (:meth:`train.classification.run.ClassificationRun.evaluate`, through
+    :func:`train.classification.evaluate.evaluate_run`) compute."""
+    logits = predict_logits(model, texts, device, amp)
+    return classification_metrics(texts.labels, logits.argmax(1).numpy(), labels)
 
 
 def classifier_codec(settings: ClassifySection, dataset: TextClsDataset) -> TextCodec:

@@ -12,23 +12,23 @@ import numpy as np
 import torch
 
 from prep.textcls import TextClsDataset, encoder_text, is_blank
-from train.classification.metrics import classification_metrics
 from train.classification.model import (
     TASK,
     LabelledTexts,
     TextClassifier,
     build_classifier,
     classifier_codec,
+    evaluate_texts,
     labelled_texts,
     predict_logits,
 )
 from train.engine.codecs import TextCodec
 from train.engine.settings import ClassifySection
-from train.run.checkpoint import load_checkpoint, load_model_state
 from train.run.config import (
     changed_dataset_files,
     classify_settings_from_config,
     read_config,
+    rebuild_model,
 )
 from train.run.layout import CONFIG, RunDir
 from vsecore.device import resolve_device
@@ -135,7 +135,7 @@ class ClassificationRun:
         return labelled_texts(self.dataset, split, self.codec)
 
     def evaluate(self, split: str = "test", texts: Sequence[str] | None = None) -> dict[str, Any]:
-        """:func:`train.classification.metrics.classification_metrics` of ``split``; ``texts`` replace the
+        """The metrics of ``split`` (:func:`train.classification.model.evaluate_texts`); ``texts`` replace the
         split's texts one for one (the noise analysis)."""
         items = self.split_texts(split)
         if texts is not None:
@@ -143,8 +143,7 @@ class ClassificationRun:
                 raise UserError(f"{len(texts)} texts given for split '{split}', which has {len(items)}")
             codes = self.codec.encode_texts(list(texts))
             items = LabelledTexts(codes, items.labels, items.codec, list(texts))
-        logits = predict_logits(self.model, items, self.device, self.settings.amp)
-        return classification_metrics(items.labels, logits.argmax(1).numpy(), self.labels)
+        return evaluate_texts(self.model, items, self.labels, self.device, self.settings.amp)
 
 
 def is_classification_run(run_dir: str | Path) -> bool:
@@ -163,9 +162,7 @@ def load_classification_run(run_dir: str | Path, checkpoint: str = "best", devic
     config = read_config(run_dir)
     settings = classify_settings_from_config(config["settings"])
     dev = resolve_device(device)
-    state = load_checkpoint(path, map_location="cpu")
-    model = build_classifier(settings, int(config["vocab_size"]), len(config["labels"]))
-    load_model_state(model, state["model"], path, config.get("code_version", "?"))
-    model.to(dev).eval()
+    model, epoch = rebuild_model(lambda: build_classifier(settings, int(config["vocab_size"]),
+                                                          len(config["labels"])), path, config, dev)
     return ClassificationRun(run_dir=run_dir, settings=settings, config=config, model=model, device=dev,
-                             checkpoint=checkpoint, epoch=int(state["epoch"]))
+                             checkpoint=checkpoint, epoch=epoch)

@@ -1,5 +1,5 @@
 """``train evaluate``: parses, then :func:`train.retrieval.evaluate.run.evaluate_run` (a run), the
-evaluation of embedding or similarity files (:func:`train.retrieval.evaluate.run.report_evaluation`), or
+evaluation of embedding or similarity files (:func:`train.retrieval.evaluate.entry.evaluate_retrieval`), or
 :func:`train.classification.evaluate.evaluate_run` (a classification run, :mod:`train.cli.classify`)."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from train.cli.options import (
     add_run_arguments,
     run_from_arguments,
 )
+from train.retrieval.evaluate.entry import Embedded, Report, Scored, evaluate_retrieval
 from train.retrieval.evaluate.files import (
     caption_image_beside,
     load_caption_image,
@@ -27,21 +28,9 @@ from train.retrieval.evaluate.files import (
     vsepp_images,
 )
 from train.retrieval.evaluate.inputs import MEASURES, check_similarity_matrix
-from train.retrieval.evaluate.protocols import (
-    PROTOCOLS,
-    ProtocolResult,
-    evaluate_similarities,
-    vsepp_caption_image,
-)
-from train.retrieval.evaluate.ranking import Log, TileHook
-from train.retrieval.evaluate.run import (
-    _check_topk,
-    check_distinct,
-    evaluate_and_report,
-    evaluate_run,
-    parse_protocols,
-    report_evaluation,
-)
+from train.retrieval.evaluate.protocols import PROTOCOLS, vsepp_caption_image
+from train.retrieval.evaluate.run import check_distinct, check_topk, evaluate_run, parse_protocols
+from vsecore import console
 from vsecore.device import add_device_argument
 from vsecore.errors import HelpFormatter, UserError
 from vsecore.outputs import check_output_file
@@ -67,15 +56,15 @@ def _evaluate_files(args: argparse.Namespace, protocols: list[str]) -> None:
         raise UserError("--noise, --length-analysis and --gallery re-encode or read the captions and "
                         "images: use --run")
     ranks_path = Path(args.ranks) if args.ranks else None
-    topk = _check_topk(args.topk, ranks_path)
+    topk = check_topk(args.topk, ranks_path)
     if args.caption_image is not None and args.captions_per_image is not None:
         raise UserError("give --caption-image or --captions-per-image, not both")
     ci_file = args.caption_image
     if ci_file is None and args.captions_per_image is None:
         ci_file = caption_image_beside(args.cap_emb)
         if ci_file is not None:
-            print(f"note: using {ci_file} (the image row of each caption, found beside --cap-emb; give "
-                  "--captions-per-image K to use the fixed VSE++ layout instead)")
+            console.info(f"note: using {ci_file} (the image row of each caption, found beside --cap-emb; "
+                         "give --captions-per-image K to use the fixed VSE++ layout instead)")
     _check_file_outputs(args, [args.img_emb, args.cap_emb, ci_file])
     captions = load_embedding_file(args.cap_emb, "caption")
     if ci_file is not None:
@@ -83,13 +72,13 @@ def _evaluate_files(args: argparse.Namespace, protocols: list[str]) -> None:
         caption_image = torch.from_numpy(load_caption_image(ci_file, images.shape[0], captions.shape[0]))
     else:
         k = 5 if args.captions_per_image is None else args.captions_per_image
-        images = vsepp_images(load_embedding_file(args.img_emb, "image"), captions.shape[0], k, print)
+        images = vsepp_images(load_embedding_file(args.img_emb, "image"), captions.shape[0], k, console.info)
         caption_image = torch.from_numpy(vsepp_caption_image(images.shape[0], k))
-    evaluate_and_report(torch.from_numpy(images), torch.from_numpy(captions), caption_image, args.measure,
-                        protocols, args.order_sqrt, args.fold_size, args.device, args.chance,
-                        Path(args.json) if args.json else None, title=f"{args.img_emb} / {args.cap_emb}",
-                        block_images=args.block_images, block_captions=args.block_captions,
-                        ranks_path=ranks_path, topk=topk)
+    embedded = Embedded(torch.from_numpy(images), torch.from_numpy(captions), args.measure, args.order_sqrt)
+    evaluate_retrieval(embedded, caption_image, protocols, args.fold_size, args.device,
+                       block_images=args.block_images, block_captions=args.block_captions, topk=topk,
+                       report=Report(f"{args.img_emb} / {args.cap_emb}", args.chance,
+                                     Path(args.json) if args.json else None, ranks_path))
 
 
 def _evaluate_sims(args: argparse.Namespace, protocols: list[str]) -> None:
@@ -105,7 +94,7 @@ def _evaluate_sims(args: argparse.Namespace, protocols: list[str]) -> None:
     if k < 1:
         raise UserError("--captions-per-image must be at least 1")
     ranks_path = Path(args.ranks) if args.ranks else None
-    topk = _check_topk(args.topk, ranks_path)
+    topk = check_topk(args.topk, ranks_path)
     _check_file_outputs(args, [args.sims, args.caption_image])
     sims = load_similarity_file(args.sims)
     if args.caption_image is not None:
@@ -117,16 +106,10 @@ def _evaluate_sims(args: argparse.Namespace, protocols: list[str]) -> None:
         n = sims_images(sims, k, args.sims_transposed, str(args.sims))
         caption_image = torch.from_numpy(vsepp_caption_image(n, k))
     check_similarity_matrix(sims, caption_image, args.sims_transposed, name=str(args.sims))
-
-    def evaluate(on_tile: TileHook, log: Log) -> dict[str, ProtocolResult]:
-        return evaluate_similarities(sims, caption_image, protocols, args.fold_size, args.device,
-                                     args.block_images, args.block_captions, on_tile, topk,
-                                     args.sims_transposed, log)
-
-    what = f"precomputed {sims.dtype} similarities{', transposed' if args.sims_transposed else ''}"
-    report_evaluation(evaluate, n, caption_image, protocols, what, args.fold_size, args.chance,
-                      Path(args.json) if args.json else None, ranks_path, title=str(args.sims),
-                      have="the similarity matrix has")
+    evaluate_retrieval(Scored(sims, args.sims_transposed), caption_image, protocols, args.fold_size,
+                       args.device, block_images=args.block_images, block_captions=args.block_captions,
+                       topk=topk, report=Report(str(args.sims), args.chance,
+                                                Path(args.json) if args.json else None, ranks_path))
 
 
 def _command(args: argparse.Namespace) -> int:
@@ -158,7 +141,7 @@ def _command(args: argparse.Namespace) -> int:
                      args.device, Path(args.json) if args.json else None,
                      Path(args.out) if args.out else None, args.chance, args.noise_seed, args.length_count,
                      args.fold_size, ranks_path=ranks_path,
-                     topk=_check_topk(args.topk, ranks_path, gallery is not None), gallery_path=gallery,
+                     topk=check_topk(args.topk, ranks_path, gallery is not None), gallery_path=gallery,
                      gallery_queries=args.gallery_queries, lang=args.lang, overwrite=args.overwrite,
                      accept_changed=args.accept_changed)
     elif args.sims is not None:

@@ -14,6 +14,7 @@ from train.cli.options import (
 from train.retrieval.open import load_run, run_inputs
 from train.retrieval.query import format_hits, search
 from train.run.config import store_path
+from vsecore import console
 from vsecore.device import add_device_argument
 from vsecore.errors import UserError
 from vsecore.io import write_json_atomic
@@ -42,11 +43,11 @@ def _command(args: argparse.Namespace) -> int:
     results = search(run, text=args.text or None, image=args.image or None, top=args.top, split=split,
                      data=args.data, features=args.features)
     for query, hits in zip(queries, results, strict=True):
-        print(format_hits(query, hits))
+        console.result(format_hits(query, hits))
     if args.json:
         write_json_atomic(args.json, [{"query": q, "hits": [asdict(h) for h in hits]}
                                       for q, hits in zip(queries, results, strict=True)])
-        print(f"wrote {args.json}")
+        console.info(f"wrote {args.json}")
     return 0
 
 

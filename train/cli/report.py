@@ -8,6 +8,7 @@ from train.cli.options import add_json_argument
 from train.engine.plots import plot_parameters_vs_rsum
 from train.retrieval.evaluate.run import check_distinct
 from train.retrieval.report import format_summary, run_summary
+from vsecore import console
 from vsecore.errors import UserError
 from vsecore.io import write_json_atomic
 from vsecore.outputs import check_output_file
@@ -20,15 +21,15 @@ def _command(args: argparse.Namespace) -> int:
         if path:  # never over a run (an input) nor inside one; an existing file only with --overwrite
             check_output_file(path, inputs=args.runs, overwrite=args.overwrite, option=option)
     rows = [run_summary(r, args.protocol) for r in args.runs]
-    print(format_summary(rows))
+    console.result(format_summary(rows))
     if args.json:
         write_json_atomic(args.json, rows)
-        print(f"wrote {args.json}")
+        console.info(f"wrote {args.json}")
     if args.plot:
         tested = [{**r, "rsum": r["test"]["rsum"]} for r in rows if r["test"]]
         if not tested:
             raise UserError("no run has a test evaluation (eval/test.json) to plot")
-        print(f"wrote {plot_parameters_vs_rsum(tested, args.plot)}")
+        console.info(f"wrote {plot_parameters_vs_rsum(tested, args.plot)}")
     return 0
 
 

@@ -6,7 +6,6 @@ exports and model folders embed with them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -14,13 +13,7 @@ import torch
 
 from train.engine.codecs import TextCodec
 from train.engine.data import Batch, CaptionSet, ImageRows
-
-
-def autocast(device: torch.device, amp: bool) -> Any:
-    """bf16 autocast on CUDA when ``amp``; a no-op context elsewhere (CPU stays float32, exact)."""
-    if amp and device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return nullcontext()
+from vsecore.device import autocast
 
 
 def batch_to(batch: Any, device: torch.device) -> Any:

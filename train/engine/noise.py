@@ -5,7 +5,6 @@ both draw from here."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from vsecore.errors import UserError
+from vsecore.jsonfile import read_json
 
 
 def parse_ratio_range(spec: str) -> list[float]:
@@ -41,7 +41,7 @@ def caption_alphabet(texts: Sequence[str]) -> list[str]:
 
 def alphabet_from_chars_json(path: str | Path) -> list[str]:
     """Single-character symbols of a prepared ``chars.json`` (padding and unknown left out)."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    data = read_json(path, "a prepared chars.json", kind=dict)
     skip = {data.get("pad"), data.get("unk")}
     return [s for s in data["symbols"] if s not in skip and len(s) == 1]
 

@@ -51,7 +51,7 @@ from train.engine.data import (
     epoch_batches,
     epoch_pair_batches,
 )
-from train.engine.inference import autocast, batch_to, embed_caption_set
+from train.engine.inference import batch_to, embed_caption_set
 from train.engine.objectives import Objective, PhasedObjective
 from train.engine.plots import plot_training_curves
 from train.engine.settings import TrainSection
@@ -66,7 +66,9 @@ from train.run.checkpoint import (
     save_checkpoint,
 )
 from train.run.layout import BEST, CURVES, LAST, TENSORBOARD, RunDir
+from vsecore import console
 from vsecore.console import progress
+from vsecore.device import autocast
 from vsecore.errors import UserError, resume_hint
 from vsecore.io import write_json_atomic
 
@@ -95,7 +97,7 @@ class Trainer:
 
     def __init__(self, settings: TrainSection, model: torch.nn.Module, objective: Objective,
                  train_set: CaptionSet, val_set: CaptionSet, run_dir: Path, device: torch.device,
-                 log: Callable[[str], None] = print, pair_sets: Sequence[PairSet] = (),
+                 log: Callable[[str], None] = console.info, pair_sets: Sequence[PairSet] = (),
                  scorer: Scorer | None = None) -> None:
         self.settings = settings
         self.scorer = scorer

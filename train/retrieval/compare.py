@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import statistics
 import tempfile
 import time
@@ -54,13 +53,14 @@ from train.engine.settings import CompareSection
 from train.models.family import family_names, model_spec, train_settings, with_family_defaults
 from train.retrieval.evaluate.run import evaluate_run
 from train.retrieval.fit import dataset_name, run_training
-from train.retrieval.report import read_history, read_json_object, run_summary
+from train.retrieval.report import read_history, run_summary
 from train.run.checkpoint import load_checkpoint
 from train.run.config import read_config
 from train.run.layout import COMPARE_EVAL, RunDir, evaluation_name, noise_name
 from vsecore import console
 from vsecore.errors import UserError
 from vsecore.io import atomic_file, sha256_file, write_json_atomic
+from vsecore.jsonfile import read_json
 from vsecore.outputs import check_output_folder
 
 #: the files a comparison writes into its folder (its runs go under ``runs/``)
@@ -76,6 +76,8 @@ KIND = "vse-compare"
 RESUME_COMPARE = "re-run the same command (train compare, or train pipeline) to resume it"
 #: what compare_test.json says it is
 COMPARE_EVAL_KIND = "vse-compare-evaluation"
+#: what a run's test evaluation is, in the messages of its reader
+TEST_EVALUATION = "a test evaluation"
 #: the noise ratios of the robustness figure: 5% steps up to 25%
 DEFAULT_NOISE: str = CompareSection.model_fields["noise"].default
 #: ``--out`` of ``train compare`` without one
@@ -206,8 +208,8 @@ def check_compare_out(out: str | Path, inputs: Sequence[str | Path], overwrite: 
     check_output_folder(out, [], inputs=inputs)
     own = Path(out) / COMPARE_JSON
     try:
-        ours = own.is_file() and json.loads(own.read_text(encoding="utf-8")).get("kind") == KIND
-    except (OSError, ValueError, AttributeError):
+        ours = own.is_file() and read_json(own, "a comparison's compare.json", kind=dict).get("kind") == KIND
+    except UserError:
         ours = False
     found = [name for name in OUTPUT_NAMES if (Path(out) / name).exists()]
     if found and not ours and not overwrite:
@@ -258,8 +260,9 @@ def test_protocols(run_dir: Path) -> list[str]:
     """``all`` on a small test split; ``5cv`` and ``5k`` on a split of :data:`FIVE_K` images or more. The
     size is the one ``eval/test.json`` records (the dataset is read only for a run without it)."""
     test = RunDir(run_dir).test_eval
-    if test.is_file() and isinstance(read_json_object(test).get("images"), int):
-        n = read_json_object(test)["images"]
+    images = read_json(test, TEST_EVALUATION, kind=dict).get("images") if test.is_file() else None
+    if isinstance(images, int):
+        n = images
     else:
         data = read_config(run_dir).get("settings", {}).get("data")
         n = len(PreparedDataset.load(data).images_of("test")) if data else 0
@@ -287,7 +290,7 @@ def evaluate_for_comparison(run_dir: Path, noise: str | None, device: str = "aut
     run, identity, wanted = RunDir(run_dir), checkpoint_identity(run_dir), test_protocols(run_dir)
     record = run.eval_dir / COMPARE_EVAL
     if record.is_file():
-        kept = read_json_object(record)
+        kept = read_json(record, "a comparison's evaluation (compare_test.json)", kind=dict)
         if (kept.get("checkpoint") == identity and set(wanted) <= set(kept.get("protocols") or {})
                 and (noise is None or (kept.get("noise_spec") == noise and kept.get("noise")))):
             return kept
@@ -297,9 +300,11 @@ def evaluate_for_comparison(run_dir: Path, noise: str | None, device: str = "aut
                      json_path=folder / evaluation_name("test", "best"), out_dir=folder)
         if checkpoint_identity(run_dir) != identity:
             raise UserError(f"{run.best}: changed while the comparison evaluated it; {RESUME_COMPARE}")
+        protocols = read_json(folder / evaluation_name("test", "best"), TEST_EVALUATION, kind=dict)
         result = {"kind": COMPARE_EVAL_KIND, "checkpoint": identity, "noise_spec": noise,
-                  "protocols": read_json_object(folder / evaluation_name("test", "best")),
-                  "noise": read_json_object(folder / noise_name("test")) if noise is not None else None}
+                  "protocols": protocols,
+                  "noise": (read_json(folder / noise_name("test"), "a noise analysis", kind=dict)
+                            if noise is not None else None)}
         for name in (evaluation_name("test", "best"), noise_name("test"), noise_name("test", "png")):
             if (folder / name).is_file():  # what train evaluate would have written, for the user to see
                 with atomic_file(run.eval_dir / name, "wb") as fh:

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from features.spec import SPEC_ARRAYS, FeatureSpec
-from features.store import FeatureStore
-from features.store_read import layout_digest
+from features.store.core import FeatureStore
+from features.store.read import layout_digest
+from features.store.spec import SPEC_ARRAYS, FeatureSpec
 from prep.dataset import WORDS_FILE, PreparedDataset
 from train.engine.codecs import codec_for
 from train.engine.data import (
@@ -52,10 +52,11 @@ from train.models.joint import build_model
 from train.models.liwe import format_word_embedding_report, word_embedding_report
 from train.models.registry import ModelSpec
 from train.retrieval.evaluate import protocol_folds
+from train.retrieval.evaluate.entry import Embedded, evaluate_retrieval
 from train.retrieval.evaluate.tables import format_results, results_json
 from train.retrieval.loaded import embed_split
 from train.retrieval.open import load_run
-from train.retrieval.validation import retrieval_metrics, retrieval_scorer
+from train.retrieval.validation import retrieval_scorer
 from train.run.checkpoint import (
     remove_stale_temporaries,
 )
@@ -217,7 +218,7 @@ def _train(settings: TrainSection, spec: ModelSpec, run_dir: Path, resume: bool,
     # the test evaluation reads the run back from disk, features included: drop the training copies
     # first, so a large (int8 FNE) feature array is never held twice
     del trainer, train_set, val_set, model
-    evaluate_test(run_dir, settings, device, log)
+    evaluate_after_training(run_dir, settings, device, log)
 
 
 def _dry_run(settings: TrainSection, alphabet_size: int | None, image_dim: int | None,
@@ -331,11 +332,12 @@ def _words_fingerprint(data: str, spec: ModelSpec) -> dict[str, str]:
     return {"words_json": sha256_file(Path(data) / WORDS_FILE)}
 
 
-def evaluate_test(run_dir: Path, settings: TrainSection, device: torch.device,
-                  log: Callable[[str], None] = console.info) -> None:
-    """Evaluate the best checkpoint on the test split, in each language the run trained on (``lang`` first,
-    then ``langs`` and ``cross_lang``, as LAVSE validates on every language of a run): ``eval/test.json`` and
-    one printed table per language.
+def evaluate_after_training(run_dir: Path, settings: TrainSection, device: torch.device,
+                            log: Callable[[str], None] = console.info) -> None:
+    """Evaluate the best checkpoint on the test split under ``val_protocol``, in each language the run
+    trained on (``lang`` first, then ``langs`` and ``cross_lang``, as LAVSE validates on every language of a
+    run), through the one evaluation entry (:func:`train.retrieval.evaluate.entry.evaluate_retrieval`):
+    ``eval/test.json`` and one printed table per language.
 
     ``eval/test.json`` keeps ``lang``'s results at the top level (``images``, ``captions``, ``protocols``)
     and every language's under ``languages``.
@@ -348,7 +350,8 @@ def evaluate_test(run_dir: Path, settings: TrainSection, device: torch.device,
     per_lang: dict[str, dict[str, Any]] = {}
     for lang in langs:
         emb = embed_split(run, "test", lang=lang)
-        results = retrieval_metrics(emb.images, emb.captions, emb.caption_image, settings, device=run.device)
+        embedded = Embedded(emb.images, emb.captions, settings.measure, settings.order_sqrt)
+        results = evaluate_retrieval(embedded, emb.caption_image, (settings.val_protocol,), device=run.device)
         per_lang[lang] = {"images": int(emb.images.shape[0]), "captions": int(emb.captions.shape[0]),
                           "protocols": results_json(results)}
         which = f", {lang} captions" if len(langs) > 1 else ""

@@ -8,7 +8,6 @@ with the pickle-free loader, so a shared run whose checkpoint would need pickle 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,9 @@ from train.run.checkpoint import load_checkpoint
 from train.run.config import read_config
 from train.run.layout import RunDir
 from vsecore.errors import UserError
+from vsecore.io import MAX_TEXT_BYTES
+from vsecore.jsonfile import parse_json, read_json
+from vsecore.lines import open_lines
 
 #: the settings that tell runs of one family apart in the table
 DESCRIBING_KEYS = ("version", "p", "arch", "variant", "hops", "kind", "d", "measure", "loss", "batch_size")
@@ -46,7 +48,7 @@ def run_summary(run_dir: str | Path, protocol: str | None = None) -> dict[str, A
     }
     test_file = RunDir(run_dir).test_eval
     if test_file.is_file():
-        protocols = read_json_object(test_file).get("protocols")
+        protocols = read_json(test_file, "a test evaluation", kind=dict).get("protocols")
         if not isinstance(protocols, dict) or not protocols:
             raise UserError(f"{test_file}: not a test evaluation (no protocols)")
         name = protocol or next(iter(protocols))
@@ -72,33 +74,17 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def read_json_object(path: Path) -> dict[str, Any]:
-    """A JSON object from a run's file (one-line :class:`UserError` for anything else)."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise UserError(f"{path}: not readable JSON ({type(exc).__name__})") from None
-    if not isinstance(value, dict):
-        raise UserError(f"{path}: not a JSON object")
-    return value
-
-
 def read_history(path: Path) -> list[dict[str, Any]]:
-    """``metrics.jsonl``: one object per epoch with an integer ``epoch`` and a numeric ``rsum``."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not UTF-8 text") from None
+    """``metrics.jsonl``: one object per epoch with an integer ``epoch`` and a numeric ``rsum``, read a line
+    at a time with the bounds of every line-oriented input (:func:`vsecore.lines.open_lines`)."""
     history = []
-    for n, line in enumerate(lines, 1):
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):
-            raise UserError(f"{path}: line {n} is not JSON") from None
-        if not (isinstance(record, dict) and isinstance(record.get("epoch"), int)
-                and _number(record.get("rsum"))):
-            raise UserError(f"{path}: line {n} is not an epoch record (integer epoch, numeric rsum)")
-        history.append(record)
+    with open_lines(path, "a run's metrics.jsonl", most=MAX_TEXT_BYTES) as lines:
+        for n, line in enumerate(lines, 1):
+            record = parse_json(line, f"{path}: line {n}")
+            if not (isinstance(record, dict) and isinstance(record.get("epoch"), int)
+                    and _number(record.get("rsum"))):
+                raise UserError(f"{path}: line {n} is not an epoch record (integer epoch, numeric rsum)")
+            history.append(record)
     return history
 
 

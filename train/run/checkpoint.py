@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from train.run.layout import BEST, LAST
-from vsecore.errors import UserError, disk_error_message
+from vsecore.errors import UserError, disk_error_reason
 from vsecore.io import atomic_file
 
 #: the checkpoint format this code writes and reads (the ``"format"`` key of every checkpoint)
@@ -193,22 +193,22 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
             with atomic_file(path, "wb") as fh:
                 torch.save(state, fh)
         except (OSError, RuntimeError) as exc:
-            disk = _disk_error(exc, path)
-            reason = (disk_error_message(disk) or "").removeprefix(f"{path}: ") if disk else _first_line(exc)
+            disk = _disk_error(exc)
+            reason = disk_error_reason(disk) if disk else _first_line(exc)
             raise UserError(f"{path}: could not write the checkpoint ({reason}); the previous checkpoint, if "
                             "any, is unchanged") from None
 
 
-def _disk_error(exc: BaseException, path: Path) -> OSError | None:
-    """The disk's own error behind a failed save (full, read-only, ...), named after ``path``: torch's
-    writer reports a full disk as ``RuntimeError: ... unexpected pos N vs M``, with the ``OSError`` of
-    the file's ``write`` as its context; None when no such error caused it."""
+def _disk_error(exc: BaseException) -> OSError | None:
+    """The disk's own error behind a failed save (full, read-only, ...): torch's writer reports a full disk
+    as ``RuntimeError: ... unexpected pos N vs M``, with the ``OSError`` of the file's ``write`` as its
+    context; None when no such error caused it."""
     seen: BaseException | None = exc
     for _ in range(8):  # the chain of causes is short; bounded against a cycle
         if seen is None:
             return None
-        if isinstance(seen, OSError) and disk_error_message(seen) is not None:
-            return OSError(seen.errno, seen.strerror, str(path))
+        if isinstance(seen, OSError) and disk_error_reason(seen) is not None:
+            return seen
         seen = seen.__cause__ or seen.__context__
     return None
 

@@ -1,8 +1,9 @@
 """Run directories: their configuration, the checks before a run starts or resumes, and reading back.
 
-The layout, the marker and what train may replace belong to :class:`train.run.layout.RunDir`.
-:func:`load_run` rebuilds a trained model from such a folder; :func:`embed_split` and
-:func:`encode_texts` embed a split or arbitrary texts with it (the evaluation commands use them).
+The layout, the marker and what train may replace belong to :class:`train.run.layout.RunDir`. For a
+retrieval and a classification run alike, :func:`check_same_config` is the one comparison a ``--resume``
+makes, and :func:`rebuild_model` the one way a trained model comes back from its settings and checkpoint
+(:func:`train.retrieval.loaded.load_run_directory`, :func:`train.classification.run.load_classification_run`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import datetime as _dt
 import hashlib
 import json
 import os
-import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,17 +21,18 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
-from features.spec import FeatureSpec
+from features.store.spec import FeatureSpec
 from prep.dataset import CHARS_FILE, DATASET_FILE, WORDS_FILE
 from train.engine.settings import ClassifySection, TrainSection, first_non_finite
 from train.models.classifier import classify_settings, encoder_keys
 from train.models.family import families_with_key, get_family, train_settings
 from train.models.joint import build_model
-from train.run.checkpoint import MAX_PARAMETERS
+from train.run.checkpoint import MAX_PARAMETERS, load_checkpoint, load_model_state
 from train.run.layout import CONFIG, RunDir
 from vsecore import console
 from vsecore.errors import UserError
-from vsecore.io import MAX_TEXT_BYTES, read_text, sha256_file
+from vsecore.io import sha256_file
+from vsecore.jsonfile import read_json
 
 #: the ``task`` of a classification run's config.json (a retrieval run has none)
 CLASSIFY_TASK = "classify"
@@ -131,28 +132,6 @@ def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     config = read_json(path, f"a run's configuration ({CONFIG})",
                        missing=f"no run at {run_dir} (no {CONFIG})")
     return validate_config(config, path)
-
-
-#: an integer longer than this is no number a run holds (Python's own limit on int(str))
-MAX_DIGITS = 4300
-
-
-def read_json(path: str | os.PathLike, expected: str, missing: str | None = None,
-              most: int = MAX_TEXT_BYTES) -> Any:
-    """The JSON content of ``path`` read with :func:`vsecore.io.read_text` (a regular file of at most ``most``
-    bytes), or a one-line :class:`UserError` naming the file (and, for an integer of more than
-    :data:`MAX_DIGITS` digits, the key holding it): the one reader of a run's and a model's JSON files."""
-    text = read_text(path, expected, missing=missing, most=most)
-    try:
-        return json.loads(text)
-    except RecursionError:
-        raise UserError(f"{path}: invalid JSON: nested too deeply") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: invalid JSON: {exc.msg} (line {exc.lineno})") from None
-    except ValueError:  # int() of a number past MAX_DIGITS digits
-        found = re.search(r'"([^"\\]{1,100})"\s*:[^"{}]*?\d{' + str(MAX_DIGITS + 1) + "}", text)
-        where = f"'{found[1]}': " if found else ""
-        raise UserError(f"{path}: {where}an integer of more than {MAX_DIGITS:,} digits") from None
 
 
 #: bounds of the model sizes a config.json may ask for (a hostile file must not allocate terabytes)
@@ -296,14 +275,37 @@ def _other_familys(key: str, family: Any) -> bool:
 
 
 def comparable(config: dict[str, Any]) -> dict[str, Any]:
-    """The parts of a run's config that must not change on ``--resume``, flattened to dotted keys."""
-    family = config["settings"].get("family")
-    out = {f"settings.{k}": v for k, v in config["settings"].items()
-           if k not in RESUMABLE_CHANGES and not _other_familys(k, family)}
-    out["vocab_size"], out["feature_shape"] = model_sizes(config)
+    """The parts of a run's config that must not change on ``--resume``, flattened to dotted keys: the
+    settings (but :data:`RESUMABLE_CHANGES`), the model's sizes and the fingerprints of the inputs. A
+    retrieval run's settings of other families are left out (older runs hold them); a classification run's
+    sizes are its vocabulary and labels."""
+    settings = dict(config["settings"])
+    if config.get("task") == CLASSIFY_TASK:
+        settings.setdefault("train_noise", 0.0)  # a run from before --train-noise trained without
+        out = {f"settings.{k}": v for k, v in settings.items() if k not in RESUMABLE_CHANGES}
+        out.update({"vocab_size": config["vocab_size"], "labels": config["labels"]})
+    else:
+        family = settings.get("family")
+        out = {f"settings.{k}": v for k, v in settings.items()
+               if k not in RESUMABLE_CHANGES and not _other_familys(k, family)}
+        out["vocab_size"], out["feature_shape"] = model_sizes(config)
     for key, value in (config.get("fingerprints") or {}).items():
         out[f"fingerprints.{key}"] = value
     return out
+
+
+def rebuild_model(build: Callable[[], torch.nn.Module], path: Path, config: dict[str, Any],
+                  device: torch.device) -> tuple[torch.nn.Module, int]:
+    """The trained model of a run (a retrieval or a classification one) and the epoch of its checkpoint
+    ``path``: ``build()`` makes the model from the run's settings and sizes (bounded by
+    :func:`validate_config`), then every entry of the checkpoint and every tensor's name and shape are
+    checked against it with the tensors only memory-mapped (:func:`train.run.checkpoint.load_checkpoint`),
+    before any tensor is read; then the tensors are loaded, and the model moved to ``device`` in eval mode.
+    """
+    model = build()
+    state = load_checkpoint(path, map_location="cpu", model=model)
+    load_model_state(model, state["model"], path, config.get("code_version", "?"))
+    return model.to(device).eval(), int(state["epoch"])
 
 
 def model_sizes(config: dict[str, Any]) -> tuple[int, list[int]]:
@@ -315,8 +317,13 @@ def model_sizes(config: dict[str, Any]) -> tuple[int, list[int]]:
 
 
 def check_same_config(run_dir: Path, new: dict[str, Any]) -> None:
-    """A :class:`UserError` naming the first key where ``new`` differs from the run's ``config.json``."""
+    """The one check of a ``--resume`` (a retrieval run's or a classification run's): a :class:`UserError`
+    when the run's ``config.json`` is another task's, or naming the first key of :func:`comparable` where
+    ``new`` (the config the resumed run would write) differs from it."""
     old = read_config(run_dir)
+    if old.get("task") != new.get("task"):
+        what = "a classification run" if new.get("task") == CLASSIFY_TASK else "a retrieval run"
+        raise UserError(f"{run_dir}: cannot resume: not {what}")
     a, b = comparable(old), comparable(json.loads(json.dumps(new)))
     for key in sorted(set(a) | set(b)):
         if a.get(key) != b.get(key):

@@ -41,7 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from vsecore.errors import UserError
-from vsecore.io import write_json_atomic
+from vsecore.io import MAX_TEXT_BYTES, write_json_atomic
+from vsecore.jsonfile import parse_json
+from vsecore.lines import open_lines
 from vsecore.outputs import (
     RUN,
     RUN_BEST,
@@ -220,11 +222,21 @@ class RunDir:
         if not (self.last.is_file() or self.best.is_file()):
             return None
         try:
-            epochs = sum(1 for line in self.metrics.read_text(encoding="utf-8").splitlines() if line.strip())
-        except OSError:
+            epochs = self._epochs_recorded()
+        except UserError:  # unreadable: the hint still names the checkpoint
             epochs = 0
         where = f"epoch {epochs}" if epochs else "a checkpoint of epoch 1"
         return f"{where} kept: {advice}"
+
+    def _epochs_recorded(self) -> int:
+        """The epoch records of ``metrics.jsonl`` (none without it), read a line at a time with the bounds of
+        every line-oriented input (:func:`vsecore.lines.open_lines`); a line that is not JSON is a
+        :class:`UserError`."""
+        if not self.metrics.is_file():
+            return 0
+        with open_lines(self.metrics, "a run's metrics.jsonl", most=MAX_TEXT_BYTES) as lines:
+            return sum(1 for n, line in enumerate(lines, 1) if line.strip()
+                       and parse_json(line, f"{self.metrics}: line {n}") is not None)
 
     # -- the rules ----------------------------------------------------------------------------------
     def check(self, resume: bool, overwrite: bool, inputs: Iterable[str | os.PathLike | None] = ()) -> None:

@@ -45,7 +45,6 @@ from train.retrieval.evaluate.protocols import (
     TIE_WARNING_SHARE,
     FoldRanks,
     ProtocolResult,
-    evaluate_protocol,
     evaluate_protocols,
     evaluate_similarities,
     ground_truth_ranks,
@@ -69,8 +68,8 @@ __all__ = [
     "SIMILARITY_DTYPES", "TIE_WARNING_SHARE", "UNIT_NORM_TOLERANCE", "BlockSizes", "DirectionMetrics",
     "EvaluationInputs", "FoldRanks", "Log", "OrderKernel", "ProtocolResult", "Ranks", "RetrievalMetrics",
     "TileHook", "TileScorer", "TileSource", "TileStats", "average_metrics", "chance_metrics",
-    "check_similarity_matrix", "default_block_sizes", "direction_metrics", "evaluate_protocol",
-    "evaluate_protocols", "evaluate_similarities", "ground_truth_ranks", "metrics_from_ranks",
+    "check_similarity_matrix", "default_block_sizes", "direction_metrics", "evaluate_protocols",
+    "evaluate_similarities", "ground_truth_ranks", "metrics_from_ranks",
     "prepare_embeddings", "prepare_similarities", "protocol_folds", "rank_tiles", "select_image_rows",
     "select_images", "unit_rows", "vsepp_caption_image",
 ]

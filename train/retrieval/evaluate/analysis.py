@@ -13,8 +13,9 @@ are each evaluated as a retrieval set of their own (those images and their capti
 R@1 and Mean r are reported both ways.
 
 Both take plain tensors and an ``encode_texts(list[str]) -> (M, d)`` callable, so they run on any
-model or on a toy encoder, and both rank through :func:`train.retrieval.evaluate.evaluate_protocols` (the one
-evaluator: same tie rule, same warnings, once per evaluated set).
+model or on a toy encoder, and both rank through the one evaluation entry,
+:func:`train.retrieval.evaluate.entry.evaluate_retrieval` (same tie rule, same warnings, once per evaluated
+set).
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ from train.engine.noise import (  # noqa: F401 - the analysis's primitives, re-e
     caption_alphabet,
     parse_ratio_range,
 )
+from train.retrieval.evaluate.entry import Embedded, evaluate_retrieval
 from train.retrieval.evaluate.metrics import RetrievalMetrics
-from train.retrieval.evaluate.protocols import evaluate_protocols, protocol_folds, select_image_rows
+from train.retrieval.evaluate.protocols import protocol_folds, select_image_rows
 from train.retrieval.evaluate.ranking import Log
 from vsecore.errors import UserError
 
@@ -93,7 +95,7 @@ def noise_robustness(images: torch.Tensor | np.ndarray, texts: Sequence[str],
 
     def evaluate(captions: Sequence[str]) -> RetrievalMetrics:
         cap = torch.as_tensor(encode_texts(list(captions)), dtype=torch.float32)
-        result = evaluate_protocols(img[:stop], cap, used_ci, measure, [protocol], order_sqrt,
+        result = evaluate_retrieval(Embedded(img[:stop], cap, measure, order_sqrt), used_ci, [protocol],
                                     fold_size, device, log=log)
         return result[protocol].metrics
 
@@ -191,6 +193,6 @@ def length_analysis(images: torch.Tensor | np.ndarray, captions: torch.Tensor | 
     out = {}
     for name, rows in ((f"{count} longest", longest), (f"{count} shortest", shortest)):
         g_img, g_cap, g_ci = select_image_rows(img, cap, ci, rows)
-        out[name] = evaluate_protocols(g_img, g_cap, g_ci, measure, ["all"], order_sqrt, device=device,
-                                       log=log)["all"].metrics
+        out[name] = evaluate_retrieval(Embedded(g_img, g_cap, measure, order_sqrt), g_ci, ["all"],
+                                       device=device, log=log)["all"].metrics
     return out

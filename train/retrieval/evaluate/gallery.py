@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from features.images import ImageError, load_image
+from features.extractors.images import ImageError, load_image
 from train.retrieval.evaluate.protocols import ProtocolResult
 from vsecore.io import atomic_file
 

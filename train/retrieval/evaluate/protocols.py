@@ -11,7 +11,6 @@ at most one line per kind of warning per call (tied ground truths, NaN scores, c
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -31,6 +30,7 @@ from train.retrieval.evaluate.ranking import (
     matrix_tiles,
     rank_tiles,
 )
+from vsecore import console
 from vsecore.errors import UserError
 
 T = TypeVar("T")
@@ -43,10 +43,6 @@ TIE_WARNING_SHARE = 0.01
 
 #: a protocol's folds: ``[(protocol, [(image_start, image_stop), ...]), ...]``
 Plan = list[tuple[str, list[tuple[int, int]]]]
-
-
-def _stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -243,7 +239,7 @@ def evaluate_protocols(images: np.ndarray | torch.Tensor, captions: np.ndarray |
     Returns:
         ``{protocol: ProtocolResult}``.
     """
-    log = log or _stderr
+    log = log or console.warning
     plan: Plan = []
     inputs = prepare_embeddings(
         images, captions, caption_image, measure, device, block_images, block_captions,
@@ -274,7 +270,7 @@ def evaluate_similarities(sims: np.ndarray, caption_image: np.ndarray | torch.Te
     Returns:
         ``{protocol: ProtocolResult}``.
     """
-    log = log or _stderr
+    log = log or console.warning
     plan: Plan = []
     inputs = prepare_similarities(
         sims, caption_image, transposed, device, block_images, block_captions,
@@ -312,7 +308,7 @@ def ground_truth_ranks(images: np.ndarray | torch.Tensor, captions: np.ndarray |
     Returns:
         :class:`Ranks` with ``i2t`` (N,) and ``t2i`` (M,) int64 ranks counted from 1.
     """
-    log = log or _stderr
+    log = log or console.warning
     inputs = prepare_embeddings(images, captions, caption_image, measure, device, block_images,
                                 block_captions)
     if stats is not None:
@@ -326,18 +322,6 @@ def ground_truth_ranks(images: np.ndarray | torch.Tensor, captions: np.ndarray |
     for line in list(inputs.notes) + _problems({"": [ranks]}):
         log(line)
     return ranks
-
-
-def evaluate_protocol(images: np.ndarray | torch.Tensor, captions: np.ndarray | torch.Tensor,
-                      caption_image: np.ndarray | torch.Tensor, measure: str, protocol: str = "all",
-                      order_sqrt: bool = False, fold_size: int = 1000,
-                      device: str | torch.device | None = None) -> RetrievalMetrics:
-    """Metrics of one protocol (fold-averaged for ``5cv``); shapes as :func:`evaluate_protocols`.
-
-    This is what validation during training calls: ``metrics.rsum`` is the model-selection score.
-    """
-    return evaluate_protocols(images, captions, caption_image, measure, [protocol], order_sqrt,
-                              fold_size, device)[protocol].metrics
 
 
 def vsepp_caption_image(n_images: int, captions_per_image: int = 5) -> np.ndarray:

@@ -16,16 +16,15 @@ Three sources:
   It is memory-mapped and read tile by tile; ``--sims-transposed`` reads a (captions, images) file.
 
 ``--ranks OUT.csv`` writes one row per query (and ``--topk K`` its K best candidates), from the same
-blocked pass (see :func:`train.retrieval.evaluate.tables.write_ranks_csv`).
+blocked pass (see :func:`train.retrieval.evaluate.tables.write_ranks_csv`). Every source is ranked, its
+table printed and its files written by the one evaluation entry,
+:func:`train.retrieval.evaluate.entry.evaluate_retrieval`; :func:`evaluate_run` is a run's.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-
-import torch
 
 from train.retrieval.evaluate.analysis import (
     alphabet_from_chars_json,
@@ -34,27 +33,15 @@ from train.retrieval.evaluate.analysis import (
     plot_noise,
 )
 from train.retrieval.evaluate.analysis import length_analysis as run_length_analysis
+from train.retrieval.evaluate.entry import Embedded, Report, evaluate_retrieval
 from train.retrieval.evaluate.gallery import write_gallery
-from train.retrieval.evaluate.metrics import chance_metrics
-from train.retrieval.evaluate.protocols import (
-    PROTOCOLS,
-    ProtocolResult,
-    evaluate_protocols,
-    protocol_folds,
-)
-from train.retrieval.evaluate.ranking import Log, TileHook
-from train.retrieval.evaluate.tables import (
-    format_length_table,
-    format_noise_table,
-    format_results,
-    protocol_label,
-    results_json,
-    write_ranks_csv,
-)
+from train.retrieval.evaluate.protocols import PROTOCOLS, ProtocolResult, protocol_folds
+from train.retrieval.evaluate.ranking import Log
+from train.retrieval.evaluate.tables import format_length_table, format_noise_table, protocol_label
 from train.retrieval.loaded import Embeddings, LoadedRun, embed_split, encode_texts
 from train.retrieval.open import load_run, run_inputs
 from train.run.layout import RunDir, evaluation_name, length_name, noise_name
-from vsecore.console import progress
+from vsecore import console
 from vsecore.errors import UserError
 from vsecore.io import write_json_atomic
 
@@ -74,25 +61,7 @@ def parse_protocols(values: Sequence[str] | None) -> list[str]:
     return names or ["all"]
 
 
-def _progress_hook(results_total: int) -> tuple[TileHook, Callable[[], None]]:
-    bar = progress(total=results_total, unit="pair", unit_scale=True, desc="ranking")
-
-    def on_tile(pairs: int) -> None:
-        bar.update(pairs)
-
-    return on_tile, bar.close
-
-
-def _pairs_total(n_images: int, caption_image: torch.Tensor, protocols: Sequence[str], fold_size: int,
-                 have: str) -> int:
-    total = 0
-    for protocol in protocols:
-        for start, stop in protocol_folds(protocol, n_images, fold_size, have):
-            total += (stop - start) * int(((caption_image >= start) & (caption_image < stop)).sum())
-    return total
-
-
-def _check_topk(topk: int | None, ranks_path: Path | None, gallery: bool = False) -> int:
+def check_topk(topk: int | None, ranks_path: Path | None, gallery: bool = False) -> int:
     if topk is None:
         return 0
     if topk < 1:
@@ -101,68 +70,6 @@ def _check_topk(topk: int | None, ranks_path: Path | None, gallery: bool = False
         raise UserError("--topk K lists each query's K best candidates in the --ranks OUT.csv file or the "
                         "--gallery page: give one of them")
     return topk
-
-
-def report_evaluation(evaluate: Callable[[TileHook, Log], dict[str, ProtocolResult]], n_images: int,
-                      caption_image: torch.Tensor, protocols: Sequence[str], what: str, fold_size: int = 1000,
-                      chance: bool = False, json_path: Path | None = None, ranks_path: Path | None = None,
-                      title: str | None = None, log: Log = print, have: str = "the embeddings have"
-                      ) -> dict[str, ProtocolResult]:
-    """Run ``evaluate(on_tile, log)`` with a progress bar; print the table, write the JSON and the ranks CSV.
-
-    ``n_images`` and ``caption_image`` (M,) describe the evaluated set (for the progress total and
-    ``chance``); ``what`` goes into the summary line, ``have`` into a too-small-for-the-protocol error.
-    """
-    t0 = time.perf_counter()
-    on_tile, close = _progress_hook(_pairs_total(n_images, caption_image, protocols, fold_size, have))
-    warnings: list[str] = []
-
-    def log_now_warn_later(line: str) -> None:
-        # warnings qualify the numbers: print them under the table; notes (compiling) right away
-        (warnings.append if line.startswith("warning:") else log)(line)
-
-    try:
-        results = evaluate(on_tile, log_now_warn_later)
-    finally:
-        close()
-    chance_rows = None
-    if chance:
-        chance_rows = {}
-        for protocol in protocols:
-            start, stop = protocol_folds(protocol, n_images, fold_size)[0]
-            f_ci = caption_image[(caption_image >= start) & (caption_image < stop)] - start
-            chance_rows[protocol] = chance_metrics(f_ci.numpy(), stop - start)
-    log(format_results(results, chance_rows, title))
-    for line in warnings:
-        log(line)
-    elapsed = time.perf_counter() - t0
-    summary = (f"evaluated {n_images} images x {caption_image.numel()} captions ({what}) under "
-               f"{', '.join(protocol_label(p) for p in protocols)} in {elapsed:.1f}s")
-    if json_path is not None:
-        write_json_atomic(json_path, results_json(results))
-        summary += f"; wrote {json_path}"
-    if ranks_path is not None:
-        rows = write_ranks_csv(ranks_path, results, caption_image.numpy())
-        summary += f"; wrote {rows} query rows to {ranks_path}"
-    log(summary)
-    return results
-
-
-def evaluate_and_report(images: torch.Tensor, captions: torch.Tensor, caption_image: torch.Tensor,
-                        measure: str, protocols: Sequence[str], order_sqrt: bool = False,
-                        fold_size: int = 1000, device: str = "auto", chance: bool = False,
-                        json_path: Path | None = None, title: str | None = None,
-                        block_images: int | None = None, block_captions: int | None = None,
-                        log: Log = print, ranks_path: Path | None = None, topk: int = 0
-                        ) -> dict[str, ProtocolResult]:
-    """Evaluate (N, d) images and (M, d) captions under ``protocols``; print the table, write the outputs."""
-    def evaluate(on_tile: TileHook, log: Log) -> dict[str, ProtocolResult]:
-        return evaluate_protocols(images, captions, caption_image, measure, protocols, order_sqrt, fold_size,
-                                  device, block_images, block_captions, on_tile=on_tile, topk=topk, log=log)
-
-    what = f"d = {images.shape[1]}, {measure}{' sqrt' if measure == 'order' and order_sqrt else ''}"
-    return report_evaluation(evaluate, images.shape[0], caption_image, protocols, what, fold_size, chance,
-                             json_path, ranks_path, title, log)
 
 
 def _split_images(run: object, split: str, lang: str | None = None) -> int:
@@ -235,7 +142,7 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
                  noise: str | None = None, length_analysis: bool = False, checkpoint: str = "best",
                  device: str = "auto", json_path: Path | None = None, out_dir: Path | None = None,
                  chance: bool = False, noise_seed: int = 0, length_count: int = 100,
-                 fold_size: int = 1000, log: Log = print, ranks_path: Path | None = None,
+                 fold_size: int = 1000, log: Log = console.result, ranks_path: Path | None = None,
                  topk: int = 0, gallery_path: Path | None = None, gallery_queries: int = 10,
                  lang: str | None = None, overwrite: bool = False, accept_changed: bool = False
                  ) -> dict[str, ProtocolResult]:
@@ -270,10 +177,9 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
     emb = embed_split(run, split, lang=lang)
     which = f", {lang} captions" if lang else ""
     title = f"{Path(run_dir).name}: {split}{which} ({checkpoint} checkpoint, epoch {run.epoch}, {measure})"
-    results = evaluate_and_report(emb.images, emb.captions, emb.caption_image, measure, protocols, order_sqrt,
-                                  fold_size, str(run.device), chance, outputs["--json"], title,
-                                  log=log,
-                                  ranks_path=ranks_path, topk=topk)
+    results = evaluate_retrieval(Embedded(emb.images, emb.captions, measure, order_sqrt), emb.caption_image,
+                                 protocols, fold_size, str(run.device), topk=topk, log=log,
+                                 report=Report(title, chance, outputs["--json"], ranks_path))
     if gallery_path is not None:
         paths = [str(run.dataset.images[i].path) for i in emb.imgids]
         page = write_gallery(gallery_path, results[protocols[0]], emb.texts, paths, emb.caption_image.numpy(),
