@@ -20,10 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from train.config import run as runs  # noqa: E402
 from train.retrieval import loaded  # noqa: E402
 from train.retrieval.evaluate import run as evaluate_cli  # noqa: E402
 from train.retrieval.open import load_run  # noqa: E402
-from train.run import config as runs  # noqa: E402
 
 
 def _timed(fn: object, repeat: int) -> float:

@@ -237,8 +237,8 @@ def settings_of(family: str, root: Path, scale: float, dataset: Any = None, code
     """The family's train settings on the synthetic data, resolved as ``train <family>`` resolves it
     (``dataset``: the prepared dataset already loaded, else it is read; ``codec``: :func:`features_store`)."""
     from prep.dataset import PreparedDataset
+    from train.config.run import absolute_settings
     from train.models.family import train_settings, with_data_defaults, with_family_defaults
-    from train.run.config import absolute_settings
 
     store, key = features_store(family, codec)
     extra = {} if scale >= 1 else {"val_protocol": "all"}  # the 5cv folds need 5,000 test images

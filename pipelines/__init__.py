@@ -1,8 +1,9 @@
-"""Named pipelines: the schema of ``pipelines.yaml`` (:mod:`pipelines.schema`, also the defaults of every
-stage command through :func:`pipelines.schema.stage_settings`) and the runner of ``train pipeline NAME``
-(:mod:`pipelines.runner`), which runs the stages in order and skips those up to date.
+"""Named pipelines, the orchestrator above every stage: the schema of ``pipelines.yaml``
+(:mod:`pipelines.schema`: every pipeline of a file, each section validated by its stage's own reader), the
+runner of ``train pipeline NAME`` (:mod:`pipelines.runner`), which runs the stages in order and skips those
+up to date, and the ``train`` console command with ``train pipeline`` added (:mod:`pipelines.cli`).
 
-A package of its own, above the stages: the schema describes all of them (``prep``, ``features``,
-``train``, ``classify``, ``evaluate``) and the runner calls each, so it belongs to none; ``prep`` and
-``features`` import the schema without importing ``train``'s models.
+A package of its own, at the top of the package graph (vsecore <- prep <- features <- train <- pipelines): it
+imports the stages it runs, and no stage imports it; a stage command given ``--pipeline NAME`` reads its own
+section through :mod:`vsecore.pipelines_file`.
 """

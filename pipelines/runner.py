@@ -26,6 +26,7 @@ finished training run is replaced only with ``--overwrite`` as well.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -33,19 +34,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from features.run import run_features
-from pipelines.schema import Pipeline, default_pipelines_file, get_pipeline, load_pipelines
+from pipelines.schema import Pipeline, get_pipeline, load_pipelines
 from prep.dataset import RECORD_FILE, changed_inputs
-from prep.run import run_prep
-from train.classification.evaluate import evaluate_run as evaluate_classification_run
-from train.classification.fit import run_classification
-from train.retrieval.compare import plan_from_section, run_compare
-from train.retrieval.evaluate.run import evaluate_run
-from train.retrieval.fit import run_training
 from train.run.layout import RunDir
+from vsecore import console
 from vsecore.errors import UserError
 from vsecore.io import write_json_atomic
+from vsecore.pipelines_file import explain_origins
 
+#: the stages in the order they run (each stage's runner imports its stage's library when it runs: `train
+#: pipeline --help` and `--list` load no stage library, a pipeline run `--until prep` no torch)
 STAGES = ("prep", "features", "regions", "train", "classify", "compare", "evaluate")
 
 
@@ -68,12 +66,18 @@ def _read_state(path: Path) -> dict[str, Any]:
 
 
 def _run_prep(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
+    # start-up: the stage's library, when the stage runs
+    from prep.run import run_prep
+
     run_prep(pipe.prep, overwrite=True)  # the pipeline's own prepared dataset: cheap to redo
 
 
 def _feature_stage(section: str) -> Callable[[Pipeline, bool, bool], None]:
     """The runner of a feature stage: ``features``, or ``regions`` (a second store, of region features)."""
     def run(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
+        # start-up: the stage's library, when the stage runs
+        from features.run import run_features
+
         run_features(getattr(pipe, section), overwrite=overwrite and not resume)
 
     return run
@@ -82,17 +86,28 @@ def _feature_stage(section: str) -> Callable[[Pipeline, bool, bool], None]:
 def _run_compare(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
     """``train compare`` with the section's settings; it resumes from its own folder in any case (finished
     runs are kept, the run it was in goes on)."""
+    # start-up: the stage's library, when the stage runs
+    from train.retrieval.compare import plan_from_section, run_compare
+
     run_compare(plan_from_section(pipe.compare, pipe.source))
 
 
 def _run_train(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
+    # start-up: the stage's library, when the stage runs
+    from train.retrieval.fit import run_training
+
     # a run killed while writing its first last.pt may still have best.pt to resume from
     run = RunDir(pipe.train.out)
     has_checkpoint = run.last.is_file() or run.best.is_file()
-    run_training(pipe.train, resume=resume and has_checkpoint, overwrite=overwrite or resume)
+    # a pipeline that evaluates next prints the test table once, there
+    run_training(pipe.train, resume=resume and has_checkpoint, overwrite=overwrite or resume,
+                 test_table=getattr(pipe, "evaluate", None) is None)
 
 
 def _run_classify(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
+    # start-up: the stage's library, when the stage runs
+    from train.classification.fit import run_classification
+
     has_checkpoint = RunDir(pipe.classify.out).checkpoints.is_dir()
     run_classification(pipe.classify, resume=resume and has_checkpoint, overwrite=overwrite or resume)
 
@@ -102,6 +117,9 @@ def _run_evaluate(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
     if pipe.classify is not None:
         _evaluate_classification(pipe)
         return
+    # start-up: the stage's library, when the stage runs
+    from train.retrieval.evaluate.run import evaluate_run
+
     evaluate_run(Path(pipe.train.out), split=ev.split, protocols=list(ev.protocols), noise=ev.noise,
                  length_analysis=ev.length_analysis, chance=True)
 
@@ -109,6 +127,9 @@ def _run_evaluate(pipe: Pipeline, resume: bool, overwrite: bool) -> None:
 def _evaluate_classification(pipe: Pipeline) -> None:
     """A classification pipeline's evaluate stage: the split's metrics and, with ``noise``, the accuracy
     per noise ratio (what ``train evaluate --run`` of the run does)."""
+    # start-up: the stage's library, when the stage runs
+    from train.classification.evaluate import evaluate_run as evaluate_classification_run
+
     evaluate_classification_run(Path(pipe.classify.out), split=pipe.evaluate.split, noise=pipe.evaluate.noise)
 
 
@@ -145,13 +166,19 @@ def _output_of(pipe: Pipeline, stage: str) -> str:
     return getattr(pipe, stage).out
 
 
-def _same_prep_options(record: dict[str, Any], section: Any) -> bool:
-    """Whether a prepared dataset's ``prep.json`` records the options of ``section`` (its ``out`` aside)."""
+def _prep_difference(record: dict[str, Any], section: Any) -> str | None:
+    """The first setting (its ``out`` aside) in which a prepared dataset's ``prep.json`` differs from
+    ``section``: ``prep.KEY: A in the folder, B in the pipeline``; None when it records these very settings.
+    Both sides are the settings as validated, paths absolute (``prep`` makes a command line's so)."""
     options = record.get("options")
     if not isinstance(options, dict):
-        return False
+        return "its prep.json records no settings"
     wanted = section.model_dump(mode="json")
-    return {k: v for k, v in options.items() if k != "out"} == {k: v for k, v in wanted.items() if k != "out"}
+    for key in [*wanted, *(k for k in options if k not in wanted)]:
+        if key != "out" and options.get(key) != wanted.get(key):
+            folder, pipeline = json.dumps(options.get(key)), json.dumps(wanted.get(key))
+            return f"prep.{key}: {folder} in the folder, {pipeline} in the pipeline"
+    return None
 
 
 def _check_outputs(pipe: Pipeline, name: str) -> None:
@@ -173,13 +200,21 @@ def _check_outputs(pipe: Pipeline, name: str) -> None:
 def _hand_made_dataset_is_current(name: str, out: str, section: Any) -> bool:
     """A prepared dataset at ``prep.out`` that no pipeline made (no stage record beside it) is the user's:
     taken as it is (True) when it was made with these very settings from unchanged inputs, else an error
-    (replaced only with ``--overwrite``). A pipeline redoes the prepared datasets pipelines made freely."""
+    naming the first setting that differs, or the first input that changed (replaced only with
+    ``--overwrite``). A pipeline redoes the prepared datasets pipelines made freely."""
     record = _prep_record(out)
-    if _same_prep_options(record, section) and not changed_inputs(record):
+    difference = _prep_difference(record, section)
+    changed = changed_inputs(record) if difference is None else []
+    if difference is None and not changed:
         return True
+    if difference is not None:
+        why = f"with other settings ({difference})"
+    else:
+        more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
+        why = f"from inputs that changed since ({changed[0]}{more})"
     raise UserError(f"{out}: prep.out of pipeline '{name}' holds a prepared dataset (or folder) that no "
-                    "pipeline made, with other settings; set prep.out to a new folder, or run "
-                    f"`train pipeline {name} --overwrite` to replace it")
+                    f"pipeline made, {why}; set prep.out to a new folder, or run `train pipeline {name} "
+                    "--overwrite` to replace it")
 
 
 def _check_no_foreign_run(name: str, out: str, same: bool) -> None:
@@ -201,12 +236,13 @@ def _run_stage(pipe: Pipeline, name: str, stage: str, out: str, fp: str, state: 
     if changed:
         more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
         because = f" (input changed: {changed[0]}{more})"
-    print(f"[pipeline {name}] {stage}: {verb} -> {out}{because}", flush=True)
+    console.info(f"[pipeline {name}] {stage}: {verb} -> {out}{because}")
     write_json_atomic(state_path, {"pipeline": name, "stage": stage, "fingerprint": fp,
                                    "status": "running", "started": time.time()})
     t0 = time.time()
     try:
-        RUNNERS[stage](pipe, resume, overwrite)
+        with explain_origins(pipe.origins):  # a missing path written with a variable names the variable
+            RUNNERS[stage](pipe, resume, overwrite)
     except UserError:
         # refused (e.g. a store of other settings): the output is as it was, so is its state;
         # "running" would make the next run resume it instead of honouring --overwrite
@@ -217,7 +253,7 @@ def _run_stage(pipe: Pipeline, name: str, stage: str, out: str, fp: str, state: 
         raise
     write_json_atomic(state_path, {"pipeline": name, "stage": stage, "fingerprint": fp,
                                    "status": "done", "seconds": round(time.time() - t0, 1)})
-    print(f"[pipeline {name}] {stage}: done in {time.time() - t0:.1f}s", flush=True)
+    console.info(f"[pipeline {name}] {stage}: done in {time.time() - t0:.1f}s")
 
 
 def run_pipeline(name: str, file: str | None = None, force: bool = False, until: str | None = None,
@@ -231,6 +267,8 @@ def run_pipeline(name: str, file: str | None = None, force: bool = False, until:
     _check_outputs(pipe, name)
     upstream = ""
     last = STAGES.index(until) if until else len(STAGES) - 1
+    if last < STAGES.index("evaluate"):  # the train stage then prints its test table itself
+        pipe = dataclasses.replace(pipe, evaluate=None)
     for stage in STAGES[: last + 1]:
         section = getattr(pipe, stage)
         if section is None:
@@ -243,14 +281,13 @@ def run_pipeline(name: str, file: str | None = None, force: bool = False, until:
         if same and state.get("status") == "done" and not force:
             changed = changed_inputs(_prep_record(out)) if stage == "prep" else []
             if not changed:
-                print(f"[pipeline {name}] {stage}: up to date ({out})", flush=True)
+                console.info(f"[pipeline {name}] {stage}: up to date ({out})")
                 upstream = _prep_inputs_fingerprint(out, fp) if stage == "prep" else fp
                 continue
         resume = same and state.get("status") == "running" and not force
         if stage == "prep" and Path(out).exists() and not overwrite and not state \
                 and _hand_made_dataset_is_current(name, out, section):
-            print(f"[pipeline {name}] {stage}: up to date ({out}, prepared with the same settings)",
-                  flush=True)
+            console.info(f"[pipeline {name}] {stage}: up to date ({out}, prepared with the same settings)")
             write_json_atomic(_state_file(out), {"pipeline": name, "stage": stage, "fingerprint": fp,
                                                  "status": "done", "adopted": True})
             upstream = _prep_inputs_fingerprint(out, fp)
@@ -262,7 +299,8 @@ def run_pipeline(name: str, file: str | None = None, force: bool = False, until:
 
 
 def list_pipelines(file: str | None) -> None:
-    path = Path(file) if file else default_pipelines_file()
-    for name, pipe in load_pipelines(path).items():
+    """Print each pipeline of ``file`` (every one validated): its name, stages and the first sentence of its
+    description."""
+    for name, pipe in load_pipelines(file).items():
         stages = [s for s in STAGES if getattr(pipe, s) is not None]
-        print(f"{name:24s} {'+'.join(stages):30s} {pipe.description.split('. ')[0].rstrip('.')}")
+        console.result(f"{name:24s} {'+'.join(stages):30s} {pipe.description.split('. ')[0].rstrip('.')}")

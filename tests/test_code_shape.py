@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("prep", "features", "train", "pipelines", "vsecore", "bench")
+PACKAGES = ("prep", "features", "train", "pipelines", "vsecore", "vse", "bench")
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
 

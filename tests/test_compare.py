@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import make_compare_inputs, metrics_without_timings
 
-from train.cli import main as train_main
+from pipelines.cli import main as train_main  # every train command, train pipeline too
 from train.engine.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -34,7 +34,11 @@ def compare(inputs: dict[str, str], out: Path, *extra: str) -> int:
 def test_compare_trains_every_entry_and_reports_each_runs_own_numbers(inputs, tmp_path, capsys) -> None:
     out = tmp_path / "cmp"
     assert compare(inputs, out) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
+    # what the comparison's evaluations wrote is named where it is kept, never in a temporary folder
+    said = captured.out + captured.err
+    assert "vse-compare-" not in said and "/eval/noise_test.json" in said, said[-2000:]
     record = json.loads((out / "compare.json").read_text())
     assert record["kind"] == "vse-compare" and [r["name"] for r in record["summary"]] == ENTRIES.split(",")
     assert [r["family"] for r in record["summary"]] == ["chain", "vse", "clmr"]

@@ -16,6 +16,7 @@ from features.store.layout import rows_per_file
 from features.store.read import read_matrix
 from features.store.rows import StoreRows, open_rows
 from prep.dataset import PreparedDataset, Vocabulary
+from train.config.run import features_fingerprint
 from train.engine.codecs import TextCodec
 from train.engine.data import (
     CaptionSet,
@@ -26,7 +27,6 @@ from train.engine.data import (
     read_features,
 )
 from train.engine.inference import batch_to
-from train.run.config import features_fingerprint
 from vsecore.errors import UserError
 
 

@@ -20,8 +20,8 @@ from features.featurize import Featurizer
 from features.store.core import FeatureStore
 from features.store.read import parse_spec
 from features.store.spec import FeatureSpec
+from train.config.run import store_path
 from train.engine.data import feature_spec
-from train.run.config import store_path
 from vsecore.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -11,10 +11,10 @@ import pytest
 
 from features.cli import build_parser as features_parser
 from features.cli import main as features_main
+from pipelines.cli import build_parser as train_parser
+from pipelines.cli import main as train_main
 from prep.cli import build_parser as prep_parser
 from prep.cli import main as prep_main
-from train.cli import build_parser as train_parser
-from train.cli import main as train_main
 from vsecore.device import DEVICE_HELP
 
 
@@ -85,7 +85,7 @@ def test_help_shows_each_familys_own_defaults(family: str) -> None:
     """Every setting's "(default X)" is what the family resolves (schema defaults, then its own: vse's
     cosine, margin 0.2, lr 2e-4, 200 epochs; clmr/liwe's cosine), i.e. what a run records."""
     from train.cli.fit_options import NOT_SETTINGS, resolved_defaults
-    from train.cli.fit_options import shown as as_help
+    from vsecore.options import shown as as_help
 
     shown = _help_defaults(family)
     resolved = resolved_defaults(family)
@@ -115,7 +115,7 @@ def test_a_run_records_the_defaults_its_help_shows(tmp_path: Path) -> None:
                            str(out), "--d", "16", "--epochs", "1", "--batch-size", "4", "--device", "cpu",
                            "-q", *extra]) == 0
         recorded = json.loads((out / "config.json").read_text())["settings"]
-        from train.cli.fit_options import shown
+        from vsecore.options import shown
 
         for key, text in _help_defaults(family).items():
             if key in recorded and key not in given and recorded[key] is not None:
@@ -130,8 +130,9 @@ def test_help_keeps_every_description_but_its_default_note(family: str) -> None:
     where the family's ``help_notes`` add that text to the value."""
     import re
 
-    from train.cli.fit_options import _DEFAULT_NOTE, NOT_SETTINGS, resolved_defaults
+    from train.cli.fit_options import NOT_SETTINGS, resolved_defaults
     from train.models.family import get_family
+    from vsecore.options import DEFAULT_NOTE as _DEFAULT_NOTE
 
     sub, _ = _subcommands(train_parser())[family]
     resolved = resolved_defaults(family)

@@ -1,16 +1,22 @@
 """Every ``from PACKAGE import NAME`` of the project (module level or inside a function, in the packages,
 ``bench/`` and ``tests/``) names something that exists: a module moved or a name renamed without updating
 a lazy import would otherwise only fail when that code path runs. And every module imports only down the
-layers of ``docs/ARCHITECTURE.md`` (:data:`LAYERS`), with no cycle, counting imports inside functions."""
+packages and layers of ``docs/ARCHITECTURE.md`` (:data:`PACKAGE_ORDER`, :data:`LAYERS`), with no cycle,
+counting imports inside functions; and the stage commands start without torch or the later stages."""
 
 from __future__ import annotations
 
 import ast
 import importlib
+import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("features", "pipelines", "prep", "train", "vsecore")
+#: ``vse`` (the Python API, another engineer's) is the top package, like the orchestrator: it may import every
+#: stage and ``pipelines``; nothing imports it
+PACKAGES = ("features", "pipelines", "prep", "train", "vsecore", "vse")
 
 
 def test_every_project_import_resolves() -> None:
@@ -37,32 +43,43 @@ def test_every_project_import_resolves() -> None:
 
 
 # -- the layers --------------------------------------------------------------------------------------------
-#: the layers of the project, bottom first (docs/ARCHITECTURE.md): a module imports only modules of its own
-#: group or of a lower layer. A layer of several groups holds siblings, which never import each other
-#: (retrieval and classification; the command modules of the three stages). A module belongs to the group
-#: of its longest matching prefix: ``train.run.layout`` and ``train.run.checkpoint`` (the files of a run
-#: directory, which the trainer writes) sit below the engine, the rest of ``train.run`` (config,
-#: fingerprints, which rebuild settings and models) above the models.
-LAYERS: tuple[tuple[str, ...], ...] = (
-    ("vsecore",),
-    ("prep",),
-    ("features",),
-    ("train.run.layout", "train.run.checkpoint"),
-    ("train.engine",),
-    ("train.models",),
-    ("train.run",),
-    ("pipelines.schema",),
-    ("train.retrieval", "train.classification"),
-    ("pipelines",),
-    ("prep.cli", "features.cli", "train.cli"),
-    ("train",),
-)
-#: modules of one group that are one concern across two prefixes: the run-directory files sit together,
-#: a stage's entry point and its command module too
-SAME_GROUP = {"train.run.checkpoint": "train.run.layout", "features.entry": "features.cli",
-              "features.__main__": "features.cli", "prep.__main__": "prep.cli", "train.__main__": "train"}
-#: the only function-level imports of project modules train/ may hold: each keeps a start-up light and says
-#: so on its line ("start-up")
+#: the packages, bottom first (docs/ARCHITECTURE.md): vsecore <- prep <- features <- train <- pipelines
+#: <- vse. A module imports its own package or a lower one; only the orchestrator (pipelines) and the Python
+#: API (vse, one layer: all of it is on top, like a command) import every stage.
+PACKAGE_ORDER = ("vsecore", "prep", "features", "train", "pipelines", "vse")
+#: inside each package, its layers, bottom first: a module imports only modules of its own group or of a lower
+#: layer of its package. A layer of several groups holds siblings, which never import each other
+#: (retrieval and classification). A module belongs to the group of its longest matching prefix:
+#: ``train.run.layout`` and ``train.run.checkpoint`` (the files of a run directory, which the trainer writes)
+#: sit below the engine, ``train.config`` (a run's config.json and the train stage's pipeline sections, which
+#: rebuild settings and models) above the models; the commands on top of their package.
+LAYERS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "vsecore": (("vsecore",),),
+    "prep": (("prep",), ("prep.cli",)),
+    "features": (("features",), ("features.cli",)),
+    "train": (
+        ("train",),
+        ("train.run.layout", "train.run.checkpoint"),
+        ("train.engine",),
+        ("train.models",),
+        ("train.config",),
+        ("train.retrieval", "train.classification"),
+        ("train.cli",),
+    ),
+    "pipelines": (("pipelines",), ("pipelines.schema",), ("pipelines.runner",), ("pipelines.cli",)),
+    "vse": (("vse",),),
+}
+#: modules of one group that are one concern across two prefixes: the run-directory files sit together, a
+#: stage's entry point and its command module too
+SAME_GROUP = {"train.run.checkpoint": "train.run.layout", "features.entry": "features.cli"}
+#: the console commands of ``pyproject.toml``'s ``[project.scripts]`` (``prep.cli``, ``features.entry``,
+#: ``pipelines.cli``): each the top layer of its package. The entry points ``python -m PACKAGE``
+#: (``*.__main__``) are the top of the whole graph: one may import any package (``python -m train`` is the
+#: ``train`` console command, the orchestrator's ``pipelines.cli``); no module imports one.
+SCRIPTS = (ROOT / "pyproject.toml").read_text().split("[project.scripts]")[1].split("\n[")[0]
+CONSOLE_SCRIPTS = tuple(re.findall(r'^\w+ = "([\w.]+):\w+"', SCRIPTS, re.MULTILINE))
+#: the only function-level imports of project modules train/ and pipelines/ may hold: each keeps a start-up
+#: light (a command's library, torch, a network, a stage's library in the runner) and says so on its line
 STARTUP_REASON = "start-up"
 
 
@@ -74,16 +91,26 @@ def _module_name(path: Path) -> str:
 MODULES = {_module_name(p): p for d in PACKAGES for p in sorted((ROOT / d).rglob("*.py"))}
 
 
+def _package(module: str) -> str:
+    return module.split(".")[0]
+
+
+def is_entry_point(module: str) -> bool:
+    """``python -m PACKAGE``: a ``__main__`` module."""
+    return module.endswith(".__main__")
+
+
 def _group(module: str) -> str:
     if module in SAME_GROUP:
         return SAME_GROUP[module]
-    prefixes = [p for layer in LAYERS for p in layer if module == p or module.startswith(p + ".")]
+    layers = LAYERS[_package(module)]
+    prefixes = [p for layer in layers for p in layer if module == p or module.startswith(p + ".")]
     return max(prefixes, key=len)
 
 
 def _layer(module: str) -> int:
     group = _group(module)
-    return next(i for i, layer in enumerate(LAYERS) if group in layer)
+    return next(i for i, layer in enumerate(LAYERS[_package(module)]) if group in layer)
 
 
 def _resolve(name: str) -> str | None:
@@ -140,15 +167,30 @@ def _edges() -> dict[str, list[tuple[str, int, bool]]]:
 EDGES = _edges()
 
 
+def _wrong_way(module: str, other: str) -> str | None:
+    """Why ``module`` may not import ``other`` (None when it may)."""
+    if is_entry_point(module):  # the top: any package, but never a library through it
+        return None
+    if is_entry_point(other):
+        return "an entry point"
+    mine, theirs = PACKAGE_ORDER.index(_package(module)), PACKAGE_ORDER.index(_package(other))
+    if theirs != mine:
+        return "a higher package" if theirs > mine else None
+    if _layer(other) > _layer(module):
+        return "a higher layer"
+    if _layer(other) == _layer(module) and _group(other) != _group(module):
+        return "a sibling"
+    return None
+
+
 def _upward(edges: dict[str, list[tuple[str, int, bool]]]) -> list[str]:
     bad = []
     for module, imports in edges.items():
-        for other, line, _ in imports:
-            up = _layer(other) > _layer(module)
-            sibling = _layer(other) == _layer(module) and _group(other) != _group(module)
-            if up or sibling:
+        for other, line, inside in imports:
+            if why := _wrong_way(module, other):
+                where = "inside a function" if inside else "at module level"
                 bad.append(f"{MODULES[module].relative_to(ROOT)}:{line}: {module} ({_group(module)}) imports "
-                           f"{other} ({_group(other)}): {'a higher layer' if up else 'a sibling'}")
+                           f"{other} ({_group(other)}) {where}: {why}")
     return bad
 
 
@@ -197,10 +239,19 @@ def _reachable(edges: dict[str, list[tuple[str, int, bool]]], start: str) -> set
     return seen
 
 
-def test_every_import_goes_down_the_layers() -> None:
-    """Every import, at module level or inside a function, goes to the module's own group or a lower
-    layer; siblings never import each other."""
+def test_every_import_goes_down_the_packages_and_the_layers() -> None:
+    """Every import, at module level or inside a function, goes to a lower package (vsecore <- prep <-
+    features <- train <- pipelines), or to the module's own group or a lower layer of its package; siblings
+    never import each other; only an entry point imports upward (``python -m train`` is ``pipelines.cli``)."""
     assert not (bad := _upward(EDGES)), "\n".join(bad)
+
+
+def test_no_stage_imports_the_orchestrator() -> None:
+    """No module of a stage, nor vsecore, imports ``pipelines`` (the orchestrator) in any way: a stage command
+    given ``--pipeline NAME`` reads its section through ``vsecore.pipelines_file``."""
+    bad = [f"{m} -> {o}" for m, imports in EDGES.items() for o, _, _ in imports
+           if _package(o) == "pipelines" and _package(m) != "pipelines" and not is_entry_point(m)]
+    assert not bad, "\n".join(bad)
 
 
 def test_no_import_cycle_anywhere() -> None:
@@ -208,20 +259,31 @@ def test_no_import_cycle_anywhere() -> None:
     assert not (cycles := _cycles(EDGES)), "\n".join(" <-> ".join(c) for c in cycles)
 
 
+#: the command modules: each package's top layer, and the runner (only the pipeline command calls it)
+COMMANDS = {m for m in MODULES if _layer(m) == len(LAYERS[_package(m)]) - 1 and _package(m) != "vsecore"
+            or is_entry_point(m)} | {"pipelines.runner"}
+
+
 def test_no_library_reaches_a_command_indirectly() -> None:
     """No library module reaches a command module or the pipeline runner through any chain of imports:
-    nothing imports ``train.cli``, and the runner is reached only from ``train.cli.pipeline``."""
-    commands = {m for m in MODULES if _layer(m) >= _layer("train.cli")} | {"pipelines.runner"}
-    bad = [f"{m} reaches {sorted(_reachable(EDGES, m) & commands)}" for m in MODULES
-           if m not in commands and _reachable(EDGES, m) & commands]
+    nothing imports ``train.cli`` but the ``train`` command (``pipelines.cli``), and the runner is reached
+    only from ``pipelines.cli``."""
+    bad = [f"{m} reaches {sorted(_reachable(EDGES, m) & COMMANDS)}" for m in MODULES
+           if m not in COMMANDS and _reachable(EDGES, m) & COMMANDS]
     assert not bad, "\n".join(bad)
 
 
-def test_train_imports_project_modules_at_module_level() -> None:
-    """A function-level import of a project module in ``train/`` only keeps a start-up light, and says so."""
+def test_the_console_commands_are_command_modules() -> None:
+    """Each console command of ``pyproject.toml`` is a command module: the top layer of its package."""
+    assert CONSOLE_SCRIPTS and set(CONSOLE_SCRIPTS) <= COMMANDS, CONSOLE_SCRIPTS
+
+
+def test_lazy_project_imports_keep_a_start_up_light() -> None:
+    """A function-level import of a project module in ``train/`` or ``pipelines/`` only keeps a start-up
+    light, and says so."""
     lazy = []
     for module, imports in EDGES.items():
-        if not module.startswith("train"):
+        if _package(module) not in ("train", "pipelines"):
             continue
         lines = MODULES[module].read_text(encoding="utf-8").splitlines()
         lazy += [f"{MODULES[module].relative_to(ROOT)}:{line}: {other}" for other, line, inside in imports
@@ -229,12 +291,16 @@ def test_train_imports_project_modules_at_module_level() -> None:
     assert not lazy, "\n".join(lazy)
 
 
-def test_the_layer_test_sees_an_upward_import() -> None:
-    """The checks above fail on an upward import, a sibling import, a cycle and a lazy import."""
+def test_the_layer_test_sees_a_wrong_import() -> None:
+    """The checks above fail on an upward import (inside a package and across packages), a sibling import, a
+    stage importing the orchestrator and a cycle."""
     edges = {m: list(imports) for m, imports in EDGES.items()}
     edges["train.engine.trainer"].append(("train.retrieval.validation", 1, True))
     edges["train.classification.fit"].append(("train.retrieval.fit", 1, False))
-    assert len(_upward(edges)) == len(_upward(EDGES)) + 2
+    edges["features.run"].append(("train.engine.settings", 1, True))
+    edges["prep.cli"].append(("pipelines.schema", 1, True))
+    edges["pipelines.runner"].append(("vse", 1, True))  # nothing imports the Python API
+    assert len(_upward(edges)) == len(_upward(EDGES)) + 5
     assert _cycles(edges)
 
 
@@ -254,17 +320,19 @@ def test_test_files_share_helpers_through_helpers_or_fixtures() -> None:
     assert not found, "\n".join(found)
 
 
-def test_the_features_command_starts_without_torch_or_train() -> None:
-    """``import features.cli``, ``features --help`` and the stage's settings (what ``pipelines.yaml``
-    validates) load neither torch nor the training package: the extractors' declarations import no network,
-    and the pipeline schema loads only when a command runs."""
+@pytest.mark.parametrize("stage", ["prep", "features"])
+def test_the_first_stages_start_without_torch_or_the_later_stages(stage: str) -> None:
+    """``import prep.cli`` / ``import features.cli``, their ``--help`` and their settings (what a pipeline's
+    section validates) load neither torch nor ``train`` nor ``pipelines``: a ``--pipeline`` section is read
+    through ``vsecore.pipelines_file``, the extractors' declarations import no network."""
     import subprocess
     import sys
 
-    code = ("import sys\nimport features.cli\nfrom features.settings import features_settings_class\n"
-            "features.cli.build_parser().format_help()\nfeatures_settings_class()\n"
+    settings = {"prep": "from prep.settings import PrepSection as s", "features": "from features.settings "
+                "import features_settings_class as f\ns = f()"}[stage]
+    code = (f"import sys\nimport {stage}.cli\n{settings}\n{stage}.cli.build_parser().format_help()\n"
             "loaded = {m.split('.')[0] for m in sys.modules}\n"
-            "print(sorted(loaded & {'torch', 'torchvision', 'timm', 'train'}))")
+            "print(sorted(loaded & {'torch', 'torchvision', 'timm', 'train', 'pipelines'}))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"

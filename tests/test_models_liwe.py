@@ -9,16 +9,14 @@ import torch.nn.functional as F
 
 from prep.dataset import Vocabulary
 from train.models import create_text_encoder
-from train.models.liwe import (
+from train.models.language_agnostic import (
     ClmrEncoder,
     LiweEncoder,
     LiweWordEmbedder,
     clmr_word_table_parameters,
-    format_word_embedding_report,
     liwe_word_embedder_parameters,
-    word_embedding_report,
-    word_length_from_statistics,
 )
+from train.models.liwe import format_word_embedding_report, word_embedding_report, word_length_from_statistics
 from train.models.regions import NonLocalBlock, NonLocalRegionEncoder, create_region_encoder
 
 # --- counts ------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from train.models import create_text_encoder, list_text_encoders
-from train.models.seam import SelfAttention, attention_penalty, seam_text_parameters
+from train.models.self_attention import SelfAttention, attention_penalty, seam_text_parameters
 
 #: SEAM table 2: text-side parameters with a vocabulary of 11,360 words and a 1024-d joint space
 TABLE_2 = {

@@ -8,15 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.schema import (
-    FeaturesSection,
-    TrainSection,
-    get_pipeline,
-    load_pipelines,
-    stage_settings,
-)
+from features.settings import FeaturesSection, features_section, features_settings_class
+from pipelines.schema import get_pipeline, load_pipelines
 from prep.dataset import PreparedDataset
+from train.config.sections import train_section
+from train.engine.settings import TrainSection
+from train.models.family import settings_class
 from vsecore.errors import UserError
+from vsecore.pipelines_file import pipeline_settings, settings_from
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -104,6 +103,16 @@ def test_environment_variables_only_needed_by_the_pipeline_run(tmp_path: Path,
 
 def _args(**kw: object) -> argparse.Namespace:
     return argparse.Namespace(**kw)
+
+
+def stage_settings(stage: str, args: argparse.Namespace, **fixed: str):
+    """A stage command's settings as ``train <family>`` and ``features <kind>`` build them: its ``--pipeline``
+    section read by the stage's own reader, merged under the explicit options."""
+    if stage == "train":
+        return settings_from(settings_class(fixed["family"]), stage, args, fixed,
+                             pipeline_settings(args, stage, train_section))
+    return settings_from(features_settings_class(), stage, args, fixed,
+                         pipeline_settings(args, stage, features_section))
 
 
 def test_explicit_options_override_pipeline_which_overrides_defaults(tmp_path: Path) -> None:
@@ -197,7 +206,7 @@ def recorded_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[tup
 
 
 def _pipeline(tmp_path: Path, capsys: pytest.CaptureFixture, *options: str) -> tuple[int, str, str]:
-    from train.cli import main as train_main
+    from pipelines.cli import main as train_main
 
     code = train_main(["pipeline", "p", "--pipelines", str(tmp_path / "pipelines.yaml"), *options])
     out = capsys.readouterr()
@@ -257,3 +266,59 @@ def test_a_refused_stage_keeps_its_state_so_overwrite_applies_next(
     assert (tmp_path / "feats.zarr.stage.json").read_text() == state  # not "running": nothing to resume
     code, out, _ = _pipeline(tmp_path, capsys, "--overwrite")
     assert code == 0 and recorded_runner[-2:] == [("features", False, True), ("train", False, True)]
+
+
+# -- issue 43.2: a missing path that came from a variable names it -------------------------------------------
+
+FROM_VARIABLE = """
+pipelines:
+  sample:
+    description: paths from a variable
+    prep:
+      dataset: coco
+      flat: ["${VSE_TEST_SHARED:-nowhere}/coco_sample/train.json",
+             "${VSE_TEST_SHARED:-nowhere}/coco_sample/val.json"]
+      out: data
+"""
+
+
+def test_a_missing_file_from_a_variable_names_the_variable_and_the_pipeline(
+        tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipelines.cli import main as train_main
+    from prep.cli import main as prep_main
+
+    path = write(tmp_path, FROM_VARIABLE)
+    monkeypatch.delenv("VSE_TEST_SHARED", raising=False)
+    missing = tmp_path / "nowhere" / "coco_sample" / "train.json"
+    expected = (f"{missing}: no such file (given by --flat, from ${{VSE_TEST_SHARED:-nowhere}} in pipeline "
+                "'sample': set VSE_TEST_SHARED to the folder holding coco_sample/train.json)")
+    for main, argv in ((train_main, ["pipeline", "sample", "--pipelines", str(path), "--until", "prep"]),
+                       (prep_main, ["coco", "--pipeline", "sample", "--pipelines", str(path)])):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].endswith(expected), err
+    monkeypatch.setenv("VSE_TEST_SHARED", str(tmp_path / "elsewhere"))  # set, and still wrong: says so
+    assert train_main(["pipeline", "sample", "--pipelines", str(path), "--until", "prep"]) == 2
+    assert (f"from ${{VSE_TEST_SHARED:-nowhere}} in pipeline 'sample': set VSE_TEST_SHARED to the folder "
+            f"holding coco_sample/train.json (now {tmp_path / 'elsewhere'}))") in capsys.readouterr().err
+    # a path written without a variable is the stage's message as it was
+    write(tmp_path, FROM_VARIABLE.replace("${VSE_TEST_SHARED:-nowhere}", "nowhere"))
+    assert train_main(["pipeline", "sample", "--pipelines", str(path), "--until", "prep"]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"{missing}: no such file (given by --flat)")
+
+
+def test_the_project_pipelines_name_vse_shared_data(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``train pipeline coco-sample-chain --until prep`` without the shared data says which variable to
+    set."""
+    from pipelines.cli import main as train_main
+
+    for name in ("VSE_WORK", "VSE_RUNS"):
+        monkeypatch.setenv(name, str(tmp_path / name.lower()))
+    monkeypatch.setenv("VSE_SHARED_DATA", str(tmp_path / "no-shared-data"))
+    assert train_main(["pipeline", "coco-sample-chain", "--pipelines", str(ROOT / "pipelines.yaml"),
+                       "--until", "prep"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("(given by --flat, from ${VSE_SHARED_DATA:-../shared/data} in pipeline "
+                        "'coco-sample-chain': set VSE_SHARED_DATA to the folder holding "
+                        f"coco_sample/train.json (now {tmp_path / 'no-shared-data'}))"), err

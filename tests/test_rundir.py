@@ -195,7 +195,7 @@ def test_pipeline_overwrite_keeps_what_the_run_did_not_write(tmp_path: Path, tra
     from types import SimpleNamespace
 
     from pipelines import runner as pipeline
-    from train.run.config import read_config, settings_from_config
+    from train.config.run import read_config, settings_from_config
 
     run = copy_run(trained, tmp_path)
     (run / "checkpoints" / "mine.pt").write_bytes(b"mine")
@@ -334,7 +334,7 @@ def test_a_run_recorded_before_the_store_layout_fingerprint_resumes_and_reads(tm
 
 
 def test_the_fingerprint_check_skips_hashing_unchanged_files(trained: Path, monkeypatch) -> None:
-    from train.run import config as runs
+    from train.config import run as runs
 
     config = runs.read_config(trained)
     data = config["settings"]["data"]

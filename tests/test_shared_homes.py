@@ -64,7 +64,7 @@ def test_a_checkpoint_of_another_shape_is_refused_before_a_tensor_is_read(
 
 
 def test_one_resume_comparison_for_both_tasks(classify_run: Path, tiny_chain_run: Path) -> None:
-    from train.run.config import check_same_config, read_config
+    from train.config.run import check_same_config, read_config
 
     config = read_config(classify_run)
     check_same_config(classify_run, config)  # the same settings resume
@@ -101,11 +101,11 @@ def test_every_retrieval_evaluation_ranks_through_the_one_entry(tiny_chain_run: 
                                                                 monkeypatch: pytest.MonkeyPatch,
                                                                 capsys: pytest.CaptureFixture) -> None:
     import train.retrieval.evaluate.entry as entry
+    from train.config.run import read_config, settings_from_config
     from train.engine.settings import TrainSection
     from train.retrieval.evaluate.run import evaluate_run
     from train.retrieval.fit import evaluate_after_training
     from train.retrieval.validation import retrieval_scorer
-    from train.run.config import read_config, settings_from_config
 
     calls: list[str] = []
     for name in ("evaluate_protocols", "evaluate_similarities"):

@@ -1,22 +1,30 @@
-"""Command-line options generated from settings fields: one option per field of a settings class, so that a
-stage's ``--help``, its ``pipelines.yaml`` section and the values a run records read one declaration.
+"""Command-line options generated from settings fields, and the options several commands share, each
+declared here once.
 
-:func:`field_option` is the generator ``train <family>`` (:mod:`train.cli.fit_options`) and ``features
-<kind>`` (:mod:`features.cli`) use. A field says how its option looks in its ``json_schema_extra``:
-``metavar``; ``option``, the flag when it is not ``--`` + the field's name (``fixed_boxes`` is ``--boxes``);
-``action: "store_true"`` for a switch that is only ever turned on (``--amp``; other booleans get
-``--name/--no-name``). And the options every stage command shares to read its settings from a pipelines
-file: ``--pipeline NAME`` and ``--pipelines FILE`` (:func:`add_pipeline_arguments`; what they mean:
-:func:`pipelines.schema.stage_settings`).
+:func:`field_option` adds the option of one field of a settings class, so that a stage's ``--help``, its
+``pipelines.yaml`` section and the values a run records read one declaration (``prep <dataset>``,
+``features <kind>``, ``train <family>``, ``train classify``). A field says how its option looks in its
+``json_schema_extra``: ``metavar``; ``option``, the flag when it is not ``--`` + the field's name
+(``fixed_boxes`` is ``--boxes``); ``action: "store_true"`` for a switch that is only ever turned on
+(``--amp``; other booleans get ``--name/--no-name``); ``nargs`` for a list given as separate words (``--flat
+TRAIN.json VAL.json``; other lists are comma-separated); ``choices`` for the values a list's items take.
+:func:`show_defaults` writes each option's "(default ...)" from the settings, so no help text restates one.
+
+The shared options: ``--out`` where it is no setting (:func:`add_out_option`), ``--overwrite``
+(:func:`add_overwrite_option`, with the words of what each command replaces), ``--pipeline NAME`` and
+``--pipelines FILE`` (:func:`add_pipeline_arguments`; what they mean: :func:`vsecore.pipelines_file.
+settings_from`); ``-q``, ``-v`` and ``--traceback`` are :func:`vsecore.errors.add_common_options`.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Collection, Mapping
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin
 
+from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 
@@ -44,7 +52,8 @@ def field_option(group: argparse._ActionsContainer, name: str, info: FieldInfo, 
                  help_text: str | None = None, metavar: str | None = None) -> None:
     """Add the option of the settings field ``name``: its type and choices from the annotation, its help
     from the description (or ``help_text``), its metavar from the field (or ``metavar``); ``default=None``,
-    so a value not given comes from the pipeline or the schema (:func:`pipelines.schema.stage_settings`)."""
+    so a value not given comes from the pipeline or the settings (:func:`vsecore.pipelines_file.
+    settings_from`)."""
     text = info.description if help_text is None else help_text
     kwargs: dict[str, Any] = {"dest": name, "default": None,
                               "help": (text or "").replace("%", "%%")}  # argparse formats the help with %
@@ -62,12 +71,75 @@ def field_option(group: argparse._ActionsContainer, name: str, info: FieldInfo, 
         kwargs["choices"] = get_args(kind)
         kwargs["type"] = type(get_args(kind)[0])
     elif get_origin(kind) is list:
-        kwargs["type"] = _comma_list(get_args(kind)[0])
+        item = get_args(kind)[0]
+        if get_origin(item) is Literal:
+            kwargs["choices"] = get_args(item)
+            item = type(get_args(item)[0])
+        if "nargs" in extra:  # words of their own: --flat TRAIN.json VAL.json
+            kwargs.update(nargs=extra["nargs"], type=item)
+        else:
+            kwargs["type"] = _comma_list(item)
+        if "choices" in extra:
+            kwargs["choices"] = tuple(extra["choices"])
     elif kind in (int, float, str):
         kwargs["type"] = kind
     else:
         raise TypeError(f"setting {name!r}: no command-line option for the type {info.annotation!r}")
     group.add_argument(option_flag(name, info), **kwargs)
+
+
+#: a help text's own "(default ...)" note at its end, replaced by the value the settings give
+DEFAULT_NOTE = re.compile(r"\s*\(default[^()]*(?:\([^()]*\)[^()]*)*\)\s*$")
+
+
+def shown(value: Any, sep: str = ",") -> str:
+    """A setting as ``--help`` shows it: on/off, numbers as Python prints them, lists joined by ``sep``
+    (a comma, or a space for an option that takes its items as words)."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, list | tuple):
+        return sep.join(str(v) for v in value) if value else "none"
+    return str(value)
+
+
+def show_defaults(parser: argparse.ArgumentParser, resolved: BaseModel | Mapping[str, Any],
+                  notes: Mapping[str, str] | None = None, skip: Collection[str] = ()) -> None:
+    """Rewrite the "(default ...)" of each option that is a field of ``resolved`` (settings, or the
+    defaults of a settings class, :func:`field_defaults`) with that field's value, so ``--help`` and what a
+    run records read one source. ``notes``: option -> what its note adds; ``skip``: fields whose value is
+    no default to show (where a command writes). A value of None, and a switch only ever turned on, keep
+    their description as it is."""
+    values = resolved if isinstance(resolved, Mapping) else {k: getattr(resolved, k)
+                                                            for k in type(resolved).model_fields}
+    notes = notes or {}
+    for action in parser._actions:
+        key = action.dest
+        if key not in values or key in skip or isinstance(action, argparse._StoreTrueAction):
+            continue
+        value = values[key]
+        if value is None:  # no value without data: the description's own note says what is used
+            continue
+        text = DEFAULT_NOTE.sub("", action.help or "")
+        words = action.nargs not in (None, "?")  # items given as words: shown as words
+        action.help = f"{text} (default {shown(value, ' ' if words else ',')}{notes.get(key, '')})"
+
+
+def field_defaults(model: type[BaseModel]) -> dict[str, Any]:
+    """Each field of ``model`` that has a default -> that default (what an option not given becomes)."""
+    return {name: info.get_default(call_default_factory=True) for name, info in model.model_fields.items()
+            if not info.is_required()}
+
+
+def add_out_option(parser: argparse._ActionsContainer, help: str, metavar: str = "DIR",
+                   required: bool = False) -> None:
+    """``--out``, where a command writes (when it is no setting: a setting's ``--out`` is its field's
+    option, :func:`field_option`)."""
+    parser.add_argument("--out", metavar=metavar, default=None, required=required, help=help)
+
+
+def add_overwrite_option(parser: argparse._ActionsContainer, replaces: str) -> None:
+    """``--overwrite``, a switch; ``replaces`` says what this command replaces with it (and what never)."""
+    parser.add_argument("--overwrite", action="store_true", help=replaces)
 
 
 def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:

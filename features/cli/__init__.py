@@ -5,7 +5,8 @@
 runs :func:`features.run.run_features`, its options generated from the settings
 (:mod:`features.cli.extraction`); ``features export`` / ``import`` / ``verify`` / ``recompress`` are the
 store's and its interop's (:mod:`features.cli.store_commands`). Settings merge as everywhere: explicit
-options > ``--pipeline`` > the schema defaults in :mod:`pipelines.schema`. The console entry point is
+options > ``--pipeline`` (its ``features:`` section, :func:`features.settings.features_section`) > the
+settings' defaults (:func:`vsecore.pipelines_file.settings_from`). The console entry point is
 :mod:`features.entry` (signal handlers before this module's imports).
 """
 

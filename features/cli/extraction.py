@@ -12,12 +12,13 @@ from pydantic.fields import FieldInfo
 
 from features.extractors.registry import Extractor, extractors_of_kind, get_extractor_of
 from features.run import run_features
-from features.settings import FeaturesSection
-from vsecore.options import add_pipeline_arguments, field_option, option_extra
+from features.settings import FeaturesSection, features_section, features_settings_class
+from vsecore.options import add_overwrite_option, add_pipeline_arguments, field_option, option_extra
+from vsecore.pipelines_file import explain_origins, pipeline_settings, settings_from
 
 #: the stage's settings offered after the extractor's, in ``--help`` order (``data`` and ``out`` first)
 STAGE_OPTIONS = ("allow_download", "batch_size", "block_size", "device", "amp", "scheduler", "workers",
-                 "threads", "on_error")
+                 "threads", "decode_threads", "read_ahead", "on_error")
 
 
 def _parts(text: str, sep: str) -> list[str]:
@@ -71,8 +72,7 @@ def add_extraction_parser(sub: argparse._SubParsersAction, kind: str) -> None:
     for name in STAGE_OPTIONS:
         given_help = merged((e.option_help.get(name) for e in extractors), "; ")
         field_option(p, name, stage[name], help_text=given_help)
-    p.add_argument("--overwrite", action="store_true",
-                   help="delete an existing store at --out and start over (default: resume it)")
+    add_overwrite_option(p, "delete an existing store at --out and start over (default: resume it)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--retry-failed", action="store_true",
                    help="recompute the blocks of every recorded failure (a re-run always retries failures "
@@ -84,15 +84,14 @@ def add_extraction_parser(sub: argparse._SubParsersAction, kind: str) -> None:
 def run_extraction(args: argparse.Namespace) -> int:
     """``features <kind>``: the settings (options > ``--pipeline`` > defaults, and what the command line
     implies, :attr:`features.extractors.registry.Extractor.command_line`), then the library."""
-    # start-up: the pipeline schema (and train's settings, which it validates) only when a command runs, not
-    # for `features --help`
-    from pipelines.schema import stage_settings
-
-    settings = stage_settings("features", args, kind=args.command)
+    pipeline = pipeline_settings(args, "features", features_section)
+    settings = settings_from(features_settings_class(), "features", args, {"kind": args.command}, pipeline)
     rule = get_extractor_of(settings).command_line
     if rule is not None:
         given = {key for key, value in vars(args).items() if value is not None}
         settings = settings.model_copy(update=rule(settings, given))
-    run_features(settings, overwrite=args.overwrite, rethreshold=bool(getattr(args, "rethreshold", False)),
-                 progress=not args.no_progress, retry_failed=args.retry_failed)
+    rethreshold = bool(getattr(args, "rethreshold", False))
+    with explain_origins(pipeline):
+        run_features(settings, overwrite=args.overwrite, rethreshold=rethreshold,
+                     progress=not args.no_progress, retry_failed=args.retry_failed)
     return 0

@@ -13,6 +13,7 @@ from features.store.codecs import ROW_CODECS
 from features.store.core import FeatureStore
 from vsecore import console
 from vsecore.errors import UserError
+from vsecore.options import add_out_option, add_overwrite_option
 
 
 def add_interop_parsers(sub: argparse._SubParsersAction) -> None:
@@ -33,11 +34,10 @@ def add_interop_parsers(sub: argparse._SubParsersAction) -> None:
                         "one file (regions stores: also boxes, counts, image_size); butd-tsv: one "
                         "bottom-up-attention TSV of a region store (image_id, image_w, image_h, num_boxes, "
                         "base64 float32 boxes and features), failed images left out")
-    p.add_argument("--out", metavar="DIR|FILE.h5|FILE.tsv", required=True,
-                   help="output folder (precomp; other files in it are kept) or file (hdf5); never the store,"
-                        " the prepared dataset or a place inside them or another store, dataset or run")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace existing files of the same names (the precomp files, or the hdf5 file)")
+    add_out_option(p, "output folder (precomp; other files in it are kept) or file (hdf5); never the store, "
+                      "the prepared dataset or a place inside them or another store, dataset or run",
+                   metavar="DIR|FILE.h5|FILE.tsv", required=True)
+    add_overwrite_option(p, "replace existing files of the same names (the precomp files, or the hdf5 file)")
     p.add_argument("--split", choices=("train", "val", "test"), action="append", default=None,
                    help="only these splits (repeatable; default all with images)")
     p.add_argument("--allow-invalid", action="store_true",
@@ -70,9 +70,9 @@ def add_interop_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split", choices=("train", "val", "test"), default=None,
                    help="split whose images the rows are (required for precomp and scan-precomp); "
                         "butd-tsv, hdf5: only this split (default: every image the file has)")
-    p.add_argument("--out", metavar="STORE.zarr", required=True,
-                   help="store to write; an existing imported store of the same dataset gains the split")
-    p.add_argument("--overwrite", action="store_true", help="start a new store even if --out exists")
+    add_out_option(p, "store to write; an existing imported store of the same dataset gains the split",
+                   metavar="STORE.zarr", required=True)
+    add_overwrite_option(p, "start a new store even if --out exists")
 
 
 def add_store_parsers(sub: argparse._SubParsersAction) -> None:
@@ -96,8 +96,8 @@ def add_store_parsers(sub: argparse._SubParsersAction) -> None:
                                    "source is only read; an interrupted copy resumes.")
     p.add_argument("store", metavar="STORE.zarr", help="the finished feature store to copy")
     p.add_argument("--codec", choices=ROW_CODECS, required=True, help="the codec of the copy's row arrays")
-    p.add_argument("--out", metavar="STORE.zarr", required=True, help="the copy to write")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")
+    add_out_option(p, "the copy to write", metavar="STORE.zarr", required=True)
+    add_overwrite_option(p, "replace an existing store at --out")
 
 
 def run_recompress(args: argparse.Namespace) -> int:

@@ -22,14 +22,14 @@ from train.classification.model import (
     labelled_texts,
     predict_logits,
 )
-from train.engine.codecs import TextCodec
-from train.engine.settings import ClassifySection
-from train.run.config import (
+from train.config.run import (
     changed_dataset_files,
     classify_settings_from_config,
     read_config,
     rebuild_model,
 )
+from train.engine.codecs import TextCodec
+from train.engine.settings import ClassifySection
 from train.run.layout import CONFIG, RunDir
 from vsecore.device import resolve_device
 from vsecore.errors import UserError

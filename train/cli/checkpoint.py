@@ -14,7 +14,6 @@ import argparse
 from pathlib import Path
 
 from train.cli.options import add_run_arguments, run_from_arguments
-from train.run.checkpoint import convert_checkpoint
 from train.run.layout import RunDir
 from vsecore import console
 from vsecore.errors import UserError, resume_hint
@@ -25,6 +24,8 @@ def convert_run_checkpoints(run_dir: str | Path) -> list[tuple[Path, bool]]:
     """Convert every ``checkpoints/*.pt`` of ``run_dir`` (see the module doc); ``(path, converted)`` each,
     ``converted`` False for a checkpoint already in format 2. Holds the run directory's lock; a failure
     (a full disk) names what was converted before it."""
+    from train.run.checkpoint import convert_checkpoint  # start-up: torch only when the command runs
+
     run_dir = Path(run_dir)
     files = sorted(RunDir(run_dir).checkpoints.glob("*.pt"))
     if not files:
@@ -55,5 +56,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("convert-checkpoints",
                        help="re-save a run's old (pickled) checkpoints in the pickle-free format, once",
                        description=__doc__.split("\n\n")[1].replace("\n", " ").replace("``", ""))
-    add_run_arguments(p)
+    add_run_arguments(p, "a run directory written by `train <family>` or `train classify`")
     p.set_defaults(func=_command)

@@ -1,4 +1,6 @@
-"""``train classify`` (train a text classifier) and ``train predict`` (label new texts with one).
+"""``train classify`` (train a text classifier) and ``train predict`` (label new texts with one): what they
+do once parsed (their options: :mod:`train.cli.classify_options`, which imports this module, and torch,
+only when one of them runs).
 
 ``train evaluate --run R`` of a classification run comes here too (:func:`evaluate_command`): the
 test metrics of a checkpoint and, with ``--noise``, the accuracy per character-noise ratio and its PNG.
@@ -17,28 +19,23 @@ from typing import Any
 
 import torch
 
-from pipelines.schema import add_pipeline_arguments, stage_settings
 from train.classification.evaluate import evaluate_run
-from train.classification.fit import PAPER_WORD_VOCABULARY, run_classification
+from train.classification.fit import run_classification
 from train.classification.run import ClassificationRun, is_classification_run, load_classification_run
-from train.cli.fit_options import field_option, show_defaults
-from train.cli.options import (
-    add_checkpoint_argument,
-    add_run_arguments,
-    run_from_arguments,
-    take_resumed_settings,
-)
-from train.engine.settings import DRY_RUN_ALPHABET
-from train.models.classifier import classify_settings, classify_settings_class, encoder_keys
-from train.run.config import default_run_dir, read_config
+from train.cli.options import run_from_arguments, take_resumed_settings
+from train.config.run import default_run_dir, read_config
+from train.config.sections import classify_section
+from train.models.classifier import classify_settings_class, encoder_keys
 from train.run.layout import RunDir
 from vsecore import console
-from vsecore.device import add_device_argument
-from vsecore.errors import HelpFormatter, UserError
+from vsecore.errors import UserError
 from vsecore.lines import bounded_lines, open_lines, printable
+from vsecore.pipelines_file import explain_origins, pipeline_settings, settings_from
 
 
-def _classify_command(args: argparse.Namespace) -> int:
+def classify_command(args: argparse.Namespace) -> int:
+    """``train classify``: the settings (options > ``--pipeline`` > defaults; ``--resume`` takes the run's),
+    then :func:`train.classification.fit.run_classification`."""
     if args.out is None and not args.pipeline:
         if args.resume:
             raise UserError("--resume needs --out RUN_DIR (the run to continue)")
@@ -51,9 +48,11 @@ def _classify_command(args: argparse.Namespace) -> int:
         for key, encoders in encoder_keys().items():
             if args.encoder not in encoders and getattr(args, key, None) == stored["settings"].get(key):
                 setattr(args, key, None)
-    settings = stage_settings("classify", args)
-    run_classification(settings, resume=args.resume, overwrite=args.overwrite, dry_run=args.dry_run,
-                       vocab_size=args.vocab_size, num_classes=args.classes)
+    pipeline = pipeline_settings(args, "classify", classify_section)
+    settings = settings_from(classify_settings_class(), "classify", args, None, pipeline)
+    with explain_origins(pipeline):
+        run_classification(settings, resume=args.resume, overwrite=args.overwrite, dry_run=args.dry_run,
+                           vocab_size=args.vocab_size, num_classes=args.classes)
     return 0
 
 
@@ -129,7 +128,8 @@ def _answer_all(run: ClassificationRun, batches: Iterable[list[str]], args: argp
     return blanks, named
 
 
-def _predict_command(args: argparse.Namespace) -> int:
+def predict_command(args: argparse.Namespace) -> int:
+    """``train predict``: the texts read and checked before the model loads, then one answer per text."""
     run_dir = run_from_arguments(args)
     if (args.text is None) == (args.file is None):
         raise UserError("give --text TEXT... or --file texts.txt (one text per line)")
@@ -163,82 +163,3 @@ def evaluate_command(args: argparse.Namespace, run_dir: Path) -> int:
     evaluate_run(run_dir, args.split or "test", args.checkpoint, args.device, args.noise, args.noise_seed,
                  Path(args.json) if args.json else None, Path(args.out) if args.out else None)
     return 0
-
-
-#: the option group of ``--encoder``, where every encoder's options follow it
-ENCODER_GROUP = "text encoder (a registered encoder of the retrieval families)"
-#: classification's option groups in ``--help`` order: every field of the settings is in one; the encoder
-#: group also holds every encoder's options (composed from the families, :mod:`train.models.classifier`)
-CLASSIFY_GROUPS: dict[str, tuple[str, ...]] = {
-    "data": ("data",),
-    ENCODER_GROUP: ("encoder", "dropout", "max_chars", "max_words", "min_word_count", "lang"),
-    "optimisation": ("batch_size", "lr", "lr_schedule", "lr_decay_patience", "lr_step", "early_stop",
-                     "epochs", "grad_clip", "seed", "train_noise"),
-    "run": ("out", "checkpoint_every", "device", "amp", "workers"),
-}
-
-
-def _settings_options(p: argparse.ArgumentParser) -> dict[str, argparse._ArgumentGroup]:
-    """One option per field of the classifier's settings (:func:`train.cli.fit_options.field_option`), in
-    :data:`CLASSIFY_GROUPS`: the encoders' options after ``encoder``, as their families declare them."""
-    model = classify_settings_class()
-    placed = [name for names in CLASSIFY_GROUPS.values() for name in names]
-    encoder_options = list(encoder_keys())
-    unplaced = set(model.model_fields) - set(placed) - set(encoder_options)
-    if unplaced:
-        raise RuntimeError(f"CLASSIFY_GROUPS is out of date: no group for {sorted(unplaced)}")
-    groups = {title: p.add_argument_group(title) for title in CLASSIFY_GROUPS}
-    for title, names in CLASSIFY_GROUPS.items():
-        for name in names:
-            field_option(groups[title], name, model.model_fields[name])
-            if name == "encoder":
-                for option in encoder_options:
-                    field_option(groups[title], option, model.model_fields[option])
-    return groups
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``classify`` and ``predict`` to the ``train`` subcommands."""
-    p = sub.add_parser(
-        "classify", help="text classification: a registered text encoder + softmax (CHAIN-VSE section 5)",
-        description="Train a text classifier on a dataset written by `prep textcls`: a registered text "
-        "encoder (CHAIN-VSE v1/v2, OECC, SEAM, GRU) with dropout and a linear softmax layer, cross-entropy, "
-        "Adam, the learning rate /10 on a validation-accuracy plateau, early stopping on the validation "
-        "accuracy. Same run directory as retrieval: config.json, checkpoints/best.pt and last.pt, "
-        "metrics.jsonl, train.log, curves.png, eval/test.json; --resume continues exactly.",
-        formatter_class=HelpFormatter)
-    r = _settings_options(p)["run"]
-    r.add_argument("--resume", action="store_true",
-                   help="continue the run in --out from its newest checkpoint")
-    r.add_argument("--overwrite", action="store_true", help="start over in an --out that holds a run")
-    r.add_argument("--dry-run", dest="dry_run", action="store_true",
-                   help="build the model, print its parameter counts (encoder + head; the paper's ~1.5M and "
-                        "a 200,000-word embedding model beside them) and exit")
-    r.add_argument("--vocab-size", dest="vocab_size", type=int, default=None,
-                   help=f"--dry-run without --data: alphabet or word vocabulary size (default "
-                        f"{DRY_RUN_ALPHABET} / {PAPER_WORD_VOCABULARY:,})")
-    r.add_argument("--classes", type=int, default=None, help="--dry-run without --data: classes (default 4)")
-    add_pipeline_arguments(p)
-    show_defaults(p, classify_settings(out="RUN_DIR"))
-    p.set_defaults(func=_classify_command)
-
-    q = sub.add_parser(
-        "predict", help="label new texts with a classification run (label and probability)",
-        description="Classify texts with a `train classify` run: one line per text, 'LABEL<TAB>PROBABILITY"
-        "<TAB>TEXT', or with --json one JSON object per text with every class's probability. Output line k "
-        "answers input line k: a blank text (nothing left once read as the training texts were) gets an "
-        "empty answer, '<TAB><TAB>TEXT' (JSON: label, probability and probabilities null), and a closing "
-        "warning counts the blank texts and names the first ten. Texts are printed as `train query` prints "
-        "them, control and invisible characters escaped ('\\x1b', '\\u202e'; in JSON '\\u001b'). A text is "
-        "read exactly as `prep textcls` read the training texts (AG News: escapes decoded, tabs and runs of "
-        "spaces one space); a title and a description join as 'TITLE \u00b6 DESCRIPTION', as in training.",
-        formatter_class=HelpFormatter)
-    add_run_arguments(q)
-    q.add_argument("--text", nargs="+", default=None, metavar="TEXT", help="texts to classify")
-    q.add_argument("--file", default=None, metavar="texts.txt",
-                   help="one text per line ('-': stdin), read a line at a time: a regular file, UTF-8, lines "
-                        "of at most 1 MiB; every line answered in order, a blank one with an empty answer")
-    q.add_argument("--json", action="store_true", help="JSON lines with all probabilities")
-    add_checkpoint_argument(q, "checkpoint of the run")
-    add_device_argument(q)
-    q.set_defaults(func=_predict_command)

@@ -1,120 +1,43 @@
 """``train evaluate``: parses, then :func:`train.retrieval.evaluate.run.evaluate_run` (a run), the
-evaluation of embedding or similarity files (:func:`train.retrieval.evaluate.entry.evaluate_retrieval`), or
-:func:`train.classification.evaluate.evaluate_run` (a classification run, :mod:`train.cli.classify`)."""
+evaluation of embedding or similarity files (:mod:`train.cli.evaluate_files`), or
+:func:`train.classification.evaluate.evaluate_run` (a classification run, :mod:`train.cli.classify`). The
+options are declared without torch (their choices come from the settings); the library loads when the
+command runs."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import get_args
 
-import torch
-
-from pipelines.schema import get_pipeline
-from train.classification.run import is_classification_run
-from train.cli.classify import evaluate_command
 from train.cli.options import (
+    RETRIEVAL_RUN,
     add_checkpoint_argument,
     add_json_argument,
     add_run_arguments,
     run_from_arguments,
 )
-from train.retrieval.evaluate.entry import Embedded, Report, Scored, evaluate_retrieval
-from train.retrieval.evaluate.files import (
-    caption_image_beside,
-    load_caption_image,
-    load_embedding_file,
-    load_similarity_file,
-    sims_images,
-    vsepp_images,
-)
-from train.retrieval.evaluate.inputs import MEASURES, check_similarity_matrix
-from train.retrieval.evaluate.protocols import PROTOCOLS, vsepp_caption_image
-from train.retrieval.evaluate.run import check_distinct, check_topk, evaluate_run, parse_protocols
-from vsecore import console
+from train.config.sections import evaluate_section
+from train.engine.settings import EvaluateSection, TrainSection
 from vsecore.device import add_device_argument
 from vsecore.errors import HelpFormatter, UserError
-from vsecore.outputs import check_output_file
+from vsecore.options import add_out_option, add_overwrite_option
+from vsecore.pipelines_file import PipelinesFile
 
-
-def _check_file_outputs(args: argparse.Namespace, inputs: list[str]) -> None:
-    """``--json`` and ``--ranks`` of saved embeddings or similarities: not an input, not inside a dataset,
-    store or run, an existing file only with ``--overwrite``, not the same file."""
-    outputs = {"--json": Path(args.json) if args.json else None,
-               "--ranks": Path(args.ranks) if args.ranks else None}
-    check_distinct(outputs)
-    for option, path in outputs.items():
-        if path is not None:
-            check_output_file(path, inputs=inputs, overwrite=args.overwrite, option=option)
-
-
-def _evaluate_files(args: argparse.Namespace, protocols: list[str]) -> None:
-    if args.measure is None:
-        raise UserError("--measure order|cosine is required with --img-emb")
-    if args.cap_emb is None:
-        raise UserError("--cap-emb is required with --img-emb")
-    if args.noise or args.length_analysis or args.gallery:
-        raise UserError("--noise, --length-analysis and --gallery re-encode or read the captions and "
-                        "images: use --run")
-    ranks_path = Path(args.ranks) if args.ranks else None
-    topk = check_topk(args.topk, ranks_path)
-    if args.caption_image is not None and args.captions_per_image is not None:
-        raise UserError("give --caption-image or --captions-per-image, not both")
-    ci_file = args.caption_image
-    if ci_file is None and args.captions_per_image is None:
-        ci_file = caption_image_beside(args.cap_emb)
-        if ci_file is not None:
-            console.info(f"note: using {ci_file} (the image row of each caption, found beside --cap-emb; "
-                         "give --captions-per-image K to use the fixed VSE++ layout instead)")
-    _check_file_outputs(args, [args.img_emb, args.cap_emb, ci_file])
-    captions = load_embedding_file(args.cap_emb, "caption")
-    if ci_file is not None:
-        images = load_embedding_file(args.img_emb, "image")
-        caption_image = torch.from_numpy(load_caption_image(ci_file, images.shape[0], captions.shape[0]))
-    else:
-        k = 5 if args.captions_per_image is None else args.captions_per_image
-        images = vsepp_images(load_embedding_file(args.img_emb, "image"), captions.shape[0], k, console.info)
-        caption_image = torch.from_numpy(vsepp_caption_image(images.shape[0], k))
-    embedded = Embedded(torch.from_numpy(images), torch.from_numpy(captions), args.measure, args.order_sqrt)
-    evaluate_retrieval(embedded, caption_image, protocols, args.fold_size, args.device,
-                       block_images=args.block_images, block_captions=args.block_captions, topk=topk,
-                       report=Report(f"{args.img_emb} / {args.cap_emb}", args.chance,
-                                     Path(args.json) if args.json else None, ranks_path))
-
-
-def _evaluate_sims(args: argparse.Namespace, protocols: list[str]) -> None:
-    if args.measure is not None or args.order_sqrt:
-        raise UserError("--sims is a similarity matrix already (larger = more similar): drop --measure and "
-                        "--order-sqrt")
-    if args.noise or args.length_analysis or args.gallery:
-        raise UserError("--noise, --length-analysis and --gallery re-encode or read the captions and "
-                        "images: use --run")
-    if args.caption_image is not None and args.captions_per_image is not None:
-        raise UserError("give --caption-image or --captions-per-image, not both")
-    k = 5 if args.captions_per_image is None else args.captions_per_image
-    if k < 1:
-        raise UserError("--captions-per-image must be at least 1")
-    ranks_path = Path(args.ranks) if args.ranks else None
-    topk = check_topk(args.topk, ranks_path)
-    _check_file_outputs(args, [args.sims, args.caption_image])
-    sims = load_similarity_file(args.sims)
-    if args.caption_image is not None:
-        if sims.ndim != 2:
-            raise UserError(f"{args.sims}: a similarity matrix must be 2-D, got shape {sims.shape}")
-        n, m = (sims.shape[1], sims.shape[0]) if args.sims_transposed else sims.shape
-        caption_image = torch.from_numpy(load_caption_image(args.caption_image, n, m, grouped=True))
-    else:
-        n = sims_images(sims, k, args.sims_transposed, str(args.sims))
-        caption_image = torch.from_numpy(vsepp_caption_image(n, k))
-    check_similarity_matrix(sims, caption_image, args.sims_transposed, name=str(args.sims))
-    evaluate_retrieval(Scored(sims, args.sims_transposed), caption_image, protocols, args.fold_size,
-                       args.device, block_images=args.block_images, block_captions=args.block_captions,
-                       topk=topk, report=Report(str(args.sims), args.chance,
-                                                Path(args.json) if args.json else None, ranks_path))
+#: the protocols and the measures, as the settings declare them (the evaluator's own names)
+PROTOCOLS: tuple[str, ...] = get_args(get_args(EvaluateSection.model_fields["protocols"].annotation)[0])
+MEASURES: tuple[str, ...] = get_args(TrainSection.model_fields["measure"].annotation)
 
 
 def _command(args: argparse.Namespace) -> int:
+    # start-up: the evaluator (and torch) only when the command runs, not for --help or a bad option
+    from train.classification.run import is_classification_run
+    from train.retrieval.evaluate.run import check_topk, evaluate_run, parse_protocols  # start-up: (as above)
+
     run_dir = run_from_arguments(args, required=False)
     if run_dir is not None and is_classification_run(run_dir):  # its own metrics and noise analysis
+        from train.cli.classify import evaluate_command  # start-up: (as above)
+
         _pipeline_evaluate_settings(args, ("split", "noise"))
         return evaluate_command(args, run_dir)
     _pipeline_evaluate_settings(args, ("protocols", "split", "noise", "length_analysis"))
@@ -145,11 +68,15 @@ def _command(args: argparse.Namespace) -> int:
                      gallery_queries=args.gallery_queries, lang=args.lang, overwrite=args.overwrite,
                      accept_changed=args.accept_changed)
     elif args.sims is not None:
-        _evaluate_sims(args, protocols)
+        from train.cli.evaluate_files import evaluate_sims  # start-up: (as above)
+
+        evaluate_sims(args, protocols)
     elif args.img_emb is not None or args.cap_emb is not None:
         if args.img_emb is None:
             raise UserError("--img-emb is required with --cap-emb")
-        _evaluate_files(args, protocols)
+        from train.cli.evaluate_files import evaluate_files  # start-up: (as above)
+
+        evaluate_files(args, protocols)
     else:
         raise UserError("nothing to evaluate: give --run RUN_DIR, --img-emb IMG.npy --cap-emb CAP.npy, "
                         "or --sims S.npy")
@@ -158,7 +85,7 @@ def _command(args: argparse.Namespace) -> int:
 
 def _pipeline_evaluate_settings(args: argparse.Namespace, keys: tuple[str, ...]) -> None:
     """The ``keys`` of the ``--pipeline``'s evaluate section (:class:`EvaluateSection`), unless given."""
-    ev = get_pipeline(args.pipeline, args.pipelines).evaluate if args.pipeline else None
+    ev = evaluate_section(PipelinesFile.read(args.pipelines).entry(args.pipeline)) if args.pipeline else None
     if ev is None:
         return
     for key in keys:
@@ -177,7 +104,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "With --run, also the CHAIN-VSE noise-robustness and text-length analyses.",
         formatter_class=HelpFormatter)
     src = p.add_argument_group("what to evaluate")
-    add_run_arguments(src)
+    add_run_arguments(src, f"{RETRIEVAL_RUN}; or a run directory written by `train classify`")
     src.add_argument("--img-emb", metavar="IMG.npy", help="image embeddings, one row per image "
                      "(VSE++ layout)")
     src.add_argument("--cap-emb", metavar="CAP.npy", help="caption embeddings, captions-per-image rows per "
@@ -234,10 +161,9 @@ def _output_options(ev: argparse._ArgumentGroup) -> None:
                     "queries with their top --topk results (default 5), ground truth marked")
     ev.add_argument("--gallery-queries", type=int, metavar="N", default=10,
                     help="sampled queries per direction in the --gallery page")
-    ev.add_argument("--out", metavar="DIR", help="folder for the outputs of --run (default RUN_DIR/eval)")
-    ev.add_argument("--overwrite", action="store_true",
-                    help="replace existing --json, --ranks, --gallery and --out files (a run's own eval/ "
-                         "results are replaced by a re-evaluation without it)")
+    add_out_option(ev, "folder for the outputs of --run (default RUN_DIR/eval)")
+    add_overwrite_option(ev, "replace existing --json, --ranks, --gallery and --out files (a run's own eval/ "
+                             "results are replaced by a re-evaluation without it)")
     ev.add_argument("--chance", action="store_true", help="add the expected metrics of a random ranking")
     add_device_argument(ev, metavar="DEVICE")
     ev.add_argument("--block-images", type=int, default=None, help="tile height (default: by measure "

@@ -1,20 +1,20 @@
 """``train <family>``: one subcommand per registered family; it parses the options (generated from the
-family's settings, :mod:`train.cli.fit_options`) and calls :func:`train.retrieval.fit.run_training`."""
+family's settings, :mod:`train.cli.fit_options`) and calls :func:`train.retrieval.fit.run_training`, which
+(with torch) is imported only when the command runs."""
 
 from __future__ import annotations
 
 import argparse
 import functools
 
-from pipelines.schema import stage_settings
 from train.cli.fit_options import common_options, family_options, show_resolved_defaults
 from train.cli.options import take_resumed_settings
-from train.models.family import family_names, get_family
-from train.retrieval.fit import run_training
-from train.retrieval.model_folder import is_model_folder
-from train.run.config import default_run_dir, read_config, settings_from_config
+from train.config.run import default_run_dir, read_config, settings_from_config
+from train.config.sections import train_section
+from train.models.family import family_names, get_family, settings_class
 from train.run.layout import RunDir
 from vsecore.errors import UserError
+from vsecore.pipelines_file import explain_origins, pipeline_settings, settings_from
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,6 +34,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _command(family: str, args: argparse.Namespace) -> int:
+    # start-up: the training library (and torch) only when a run starts, not for --help or a bad option
+    from train.retrieval.fit import run_training
+    from train.retrieval.model_folder import is_model_folder  # start-up: (as above)
+
     if args.out is None and not args.pipeline:
         if args.resume:
             raise UserError("--resume needs --out RUN_DIR (the run to continue)")
@@ -48,7 +52,9 @@ def _command(family: str, args: argparse.Namespace) -> int:
         if stored.family != family:
             raise UserError(f"{args.out}: cannot resume: it is a '{stored.family}' run, not '{family}'")
         take_resumed_settings(args, {key: getattr(stored, key) for key in stored.model_fields_set})
-    settings = stage_settings("train", args, family=family)
-    run_training(settings, resume=args.resume, overwrite=args.overwrite, dry_run=args.dry_run,
-                 alphabet_size=args.alphabet_size, image_dim=args.image_dim, vocab_size=args.vocab_size)
+    pipeline = pipeline_settings(args, "train", train_section)
+    settings = settings_from(settings_class(family), "train", args, {"family": family}, pipeline)
+    with explain_origins(pipeline):
+        run_training(settings, resume=args.resume, overwrite=args.overwrite, dry_run=args.dry_run,
+                     alphabet_size=args.alphabet_size, image_dim=args.image_dim, vocab_size=args.vocab_size)
     return 0

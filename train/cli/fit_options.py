@@ -1,20 +1,15 @@
 """The command-line options of ``train <family>``: each family's own (generated from the fields of its
 config, :func:`family_options`), the common ones, and the defaults ``--help`` shows, taken from the
-settings the family resolves (what a run records)."""
+settings the family resolves (what a run records). The families' declarations import no torch, so neither
+does ``train <family> --help``."""
 
 from __future__ import annotations
 
 import argparse
-import re
-from collections.abc import Mapping
-from typing import Any
 
-from pydantic import BaseModel
-
-from pipelines.schema import add_pipeline_arguments
 from train.engine.settings import DRY_RUN_ALPHABET, DRY_RUN_IMAGE_DIM, DRY_RUN_VOCABULARY, TrainSection
 from train.models.family import get_family, train_settings, with_family_defaults
-from vsecore.options import field_option
+from vsecore.options import add_overwrite_option, add_pipeline_arguments, field_option, show_defaults
 
 
 def family_options(group: argparse._ActionsContainer, family: str) -> None:
@@ -40,7 +35,7 @@ COMMON_GROUPS: dict[str, tuple[str, ...]] = {
     "optimisation": ("batch_size", "lr", "lr_decay_patience", "lr_schedule", "lr_step", "early_stop",
                      "epochs", "grad_clip", "seed"),
     "validation": ("val_protocol", "val_images"),
-    "run": ("out", "checkpoint_every", "device", "amp", "workers"),
+    "run": ("out", "checkpoint_every", "device", "amp", "workers", "compile", "cuda_graphs"),
 }
 #: common fields no group lists: only the families that read words offer them (seam, vse, clmr; liwe
 #: ``max_words``)
@@ -77,9 +72,8 @@ def _run_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--resume", action="store_true",
                        help="continue the run in --out from its newest checkpoint, also one written "
                             "mid-epoch")
-    group.add_argument("--overwrite", action="store_true",
-                       help="start over in an --out that already holds a run: the files the run wrote are "
-                            "deleted; a folder holding anything else is refused")
+    add_overwrite_option(group, "start over in an --out that already holds a run: the files the run wrote "
+                                "are deleted; a folder holding anything else is refused")
     group.add_argument("--dry-run", dest="dry_run", action="store_true",
                        help="build the model, print its parameter counts per part and exit")
     group.add_argument("--alphabet-size", dest="alphabet_size", type=int, default=None,
@@ -93,19 +87,8 @@ def _run_options(group: argparse._ArgumentGroup) -> None:
                             f"{DRY_RUN_IMAGE_DIM})")
 
 
-#: a help text's own "(default ...)" note at its end, replaced by the resolved value
-_DEFAULT_NOTE = re.compile(r"\s*\(default[^()]*(?:\([^()]*\)[^()]*)*\)\s*$")
 #: options whose value is not a setting a run records (or has no single default)
 NOT_SETTINGS = ("out", "family", "data", "features", "pipeline", "pipelines")
-
-
-def shown(value: Any) -> str:
-    """A setting as ``--help`` shows it: on/off, numbers as Python prints them, lists comma-separated."""
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, list | tuple):
-        return ",".join(str(v) for v in value) if value else "none"
-    return str(value)
 
 
 def resolved_defaults(family: str) -> TrainSection:
@@ -117,20 +100,4 @@ def resolved_defaults(family: str) -> TrainSection:
 def show_resolved_defaults(parser: argparse.ArgumentParser, family: str) -> None:
     """Rewrite each setting's "(default ...)" in ``--help`` from :func:`resolved_defaults`, so the help
     and a run's ``config.json`` read one source (a family default shows as that family's value)."""
-    show_defaults(parser, resolved_defaults(family), get_family(family).help_notes)
-
-
-def show_defaults(parser: argparse.ArgumentParser, resolved: BaseModel, notes: Mapping[str, str] | None = None
-                  ) -> None:
-    """Rewrite the "(default ...)" of each option that is a field of ``resolved`` with that field's value
-    (``notes``: option -> what its note adds), so ``--help`` and a run's ``config.json`` read one source."""
-    notes = notes or {}
-    for action in parser._actions:
-        key = action.dest
-        if key not in type(resolved).model_fields or key in NOT_SETTINGS:
-            continue
-        value = getattr(resolved, key)
-        if value is None:  # no value without data: the description's own note says what is used
-            continue
-        text = _DEFAULT_NOTE.sub("", action.help or "")
-        action.help = f"{text} (default {shown(value)}{notes.get(key, '')})"
+    show_defaults(parser, resolved_defaults(family), get_family(family).help_notes, skip=NOT_SETTINGS)

@@ -1,8 +1,9 @@
-"""The options several commands share, each declared here once: ``--run RUN_DIR`` or ``--pipeline NAME``
-(how the commands that read a run name it: ``train evaluate``, ``query``, ``export-embeddings``,
-``export-model``, ``convert-checkpoints``, ``predict``), ``--checkpoint``, ``--json PATH``; ``--device`` is
-:func:`vsecore.device.add_device_argument`,
-``--pipeline``/``--pipelines`` are :func:`pipelines.schema.add_pipeline_arguments`'s."""
+"""The options several ``train`` commands share, each declared here once: ``--run RUN_DIR`` or ``--pipeline
+NAME`` (how the commands that read a run name it: ``train evaluate``, ``query``, ``export-embeddings``,
+``export-model``, ``convert-checkpoints``, ``predict``; each says which runs it reads), ``--checkpoint``,
+``--json PATH``; ``--device`` is :func:`vsecore.device.add_device_argument`, ``--out``, ``--overwrite`` and
+``--pipeline``/``--pipelines`` are :mod:`vsecore.options`'. Nothing here imports torch: ``train --help``
+builds every command's options."""
 
 from __future__ import annotations
 
@@ -11,15 +12,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipelines.schema import add_pipeline_arguments, get_pipeline
-from train.run.config import ACCEPT_CHANGED
+from train.config.run import ACCEPT_CHANGED
+from train.config.sections import run_folder
 from vsecore.errors import UserError
+from vsecore.options import add_pipeline_arguments
+from vsecore.pipelines_file import PipelinesFile
+
+#: what ``--run`` of a command that reads a retrieval run or a model folder accepts
+RETRIEVAL_RUN = ("a run directory written by `train <family>`, or a model folder written by `train "
+                 "export-model`")
 
 
-def add_run_arguments(parser: Any) -> None:
-    """``--run RUN_DIR`` or ``--pipeline NAME`` (its ``train.out``), for the commands that read a run."""
-    parser.add_argument("--run", metavar="RUN_DIR", help="a run directory written by `train <family>` (or a "
-                        "model folder written by `train export-model`, for evaluation and queries)")
+def add_run_arguments(parser: Any, runs: str) -> None:
+    """``--run RUN_DIR`` (``runs``: which runs the command reads) or ``--pipeline NAME`` (its ``train.out``,
+    or ``classify.out``), for the commands that read a run."""
+    parser.add_argument("--run", metavar="RUN_DIR", help=runs)
     add_pipeline_arguments(parser)
     parser.add_argument(ACCEPT_CHANGED, dest="accept_changed", action="store_true",
                         help="use the run even when its prepared dataset or feature store changed since it "
@@ -31,12 +38,7 @@ def run_from_arguments(args: Any, required: bool = True) -> Path | None:
     if args.pipeline:
         if args.run:
             raise UserError("give --run or --pipeline, not both")
-        pipe = get_pipeline(args.pipeline, args.pipelines)
-        if pipe.train is None and pipe.classify is not None:  # a text classification pipeline
-            return Path(pipe.classify.out)
-        if pipe.train is None:
-            raise UserError(f"pipeline '{args.pipeline}' has no train section, so no run")
-        return Path(pipe.train.out)
+        return Path(run_folder(PipelinesFile.read(args.pipelines).entry(args.pipeline)))
     if args.run:
         return Path(args.run)
     if required:
@@ -45,7 +47,7 @@ def run_from_arguments(args: Any, required: bool = True) -> Path | None:
 
 
 def add_checkpoint_argument(parser: argparse._ActionsContainer,
-                            help: str = "checkpoint (default best)") -> None:
+                            help: str = "checkpoint (default %(default)s)") -> None:
     """``--checkpoint best|last`` (default ``best``)."""
     parser.add_argument("--checkpoint", default="best", choices=("best", "last"), help=help)
 

@@ -1,4 +1,5 @@
-"""``train query``: parses, then :func:`train.retrieval.query.search` and prints the hits."""
+"""``train query``: parses, then :func:`train.retrieval.query.search` (imported, with torch, when the command
+runs) and prints the hits."""
 
 from __future__ import annotations
 
@@ -6,22 +7,26 @@ import argparse
 from dataclasses import asdict
 
 from train.cli.options import (
+    RETRIEVAL_RUN,
     add_checkpoint_argument,
     add_json_argument,
     add_run_arguments,
     run_from_arguments,
 )
-from train.retrieval.open import load_run, run_inputs
-from train.retrieval.query import format_hits, search
-from train.run.config import store_path
+from train.config.run import store_path
 from vsecore import console
 from vsecore.device import add_device_argument
 from vsecore.errors import UserError
 from vsecore.io import write_json_atomic
+from vsecore.options import add_overwrite_option
 from vsecore.outputs import check_output_file
 
 
 def _command(args: argparse.Namespace) -> int:
+    # start-up: the model and the search (torch) only when the command runs, not for --help or a bad option
+    from train.retrieval.open import load_run, run_inputs
+    from train.retrieval.query import format_hits, search  # start-up: (as above)
+
     if not args.text and not args.image:
         raise UserError("give --text TEXT or --image PATH (repeatable)")
     if args.text and args.image:
@@ -67,11 +72,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Text -> image or image -> text retrieval with a trained run, over one split of its "
         "prepared dataset, or over the images of another prepared dataset and its feature store (--data, "
         "--features). Image queries are featurized exactly as the run's feature store was (same "
-        "network, weights, crops; FNE statistics and thresholds of the store).")
-    add_run_arguments(p)
+        "network, weights, crops; FNE statistics and thresholds of the store). The candidates (the images "
+        "for a text query, the captions for an image query) are embedded once and kept in the query cache "
+        "($VSE_QUERY_CACHE, default ~/.cache/vse-toolkit/query; VSE_QUERY_CACHE=0: none), checked and "
+        "rebuilt when the model, the store or the data change; later queries embed only themselves.")
+    add_run_arguments(p, RETRIEVAL_RUN)
     p.add_argument("--text", action="append", metavar="TEXT", help="a query text (repeatable)")
     p.add_argument("--image", action="append", metavar="PATH", help="a query image (repeatable)")
-    p.add_argument("--top", type=int, default=5, help="hits per query (default 5)")
+    p.add_argument("--top", type=int, default=5, help="hits per query (default %(default)s)")
     p.add_argument("--split", default="test", choices=("train", "val", "test", "all"),
                    action=_SplitAction,
                    help="candidates: images or captions of this split, or all (default: test of the run's "
@@ -83,6 +91,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the feature store of --data, extracted with the run's store's settings")
     add_checkpoint_argument(p)
     add_device_argument(p)
-    add_json_argument(p, "also write the hits as JSON")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --json file")
+    add_json_argument(p, "also write the hits as JSON: per query, each hit's rank, score, imgid, image path, "
+                      "and its caption (image queries) or the image's first captions (text queries)")
+    add_overwrite_option(p, "replace an existing --json file")
     p.set_defaults(func=_command, split_given=False)

@@ -1,20 +1,24 @@
-"""``train report``: parses, then :func:`train.retrieval.report.run_summary` for each run."""
+"""``train report``: parses, then :func:`train.retrieval.report.run_summary` for each run (imported when
+the command runs)."""
 
 from __future__ import annotations
 
 import argparse
 
 from train.cli.options import add_json_argument
-from train.engine.plots import plot_parameters_vs_rsum
-from train.retrieval.evaluate.run import check_distinct
-from train.retrieval.report import format_summary, run_summary
 from vsecore import console
 from vsecore.errors import UserError
 from vsecore.io import write_json_atomic
+from vsecore.options import add_overwrite_option
 from vsecore.outputs import check_output_file
 
 
 def _command(args: argparse.Namespace) -> int:
+    # start-up: the runs' reader, the figure and torch only when the command runs
+    from train.engine.plots import plot_parameters_vs_rsum
+    from train.retrieval.evaluate.run import check_distinct  # start-up: (as above)
+    from train.retrieval.report import format_summary, run_summary  # start-up: (as above)
+
     outputs = {"--json": args.json, "--plot": args.plot}
     check_distinct(outputs)
     for option, path in outputs.items():
@@ -42,5 +46,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--protocol", default=None, help="test protocol to report (default: each run's first)")
     p.add_argument("--plot", metavar="PNG", default=None, help="write parameters vs test rsum here")
     add_json_argument(p, "also write the rows as JSON")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --plot or --json file")
+    add_overwrite_option(p, "replace an existing --plot or --json file")
     p.set_defaults(func=_command)

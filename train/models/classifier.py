@@ -20,8 +20,11 @@ from pydantic.fields import FieldInfo
 
 from train.engine.settings import ClassifySection, FamilyConfig
 from train.models.family import Family, family_names, get_family, model_spec
-from train.models.registry import ModelSpec
+from train.models.spec import ModelSpec
 
+#: the vocabulary the paper gives its word-level peers on DBPedia and Tweets (section 5): a word encoder's
+#: ``--dry-run`` without data (``train classify --help`` shows it, so it is declared here, without torch)
+PAPER_WORD_VOCABULARY = 200_000
 #: the composed class of each set of registered classifier encoders (the registry's, in order)
 _CLASSES: dict[tuple[tuple[str, int], ...], tuple[tuple[Family, ...], type[ClassifySection]]] = {}
 

@@ -1,12 +1,15 @@
 """Model families: what ``train <family>`` trains, declared in one :class:`Family` object per family file.
 
-A family file (``train/models/chain.py``, ..., or a file of one's own) holds the text encoder it
-registers and one ``Family``: its name and one-line summary, its settings (a pydantic
-:class:`~train.engine.settings.FamilyConfig` submodel: fields with defaults, help text and validators), its
-own defaults (a paper's settings, presets that depend on the dataset), how it builds its
-:class:`~train.models.registry.ModelSpec`, and its objective. Everything else is derived here: the
-family's settings class (``TrainSection`` + its submodel), its command-line options
-(:mod:`train.cli.fit_options`), the ``train:`` section of ``pipelines.yaml`` (:mod:`pipelines.schema`).
+A family file (``train/models/chain.py``, ..., or a file of one's own) holds one ``Family``: its name and
+one-line summary, its settings (a pydantic :class:`~train.engine.settings.FamilyConfig` submodel: fields
+with defaults, help text and validators), its own defaults (a paper's settings, presets that depend on the
+dataset), how it builds its :class:`~train.models.spec.ModelSpec`, and its objective. A built-in family's
+file imports no torch: its networks are a module of their own, named after the paper's model
+(``chain_vse``, ``ctt``, ``self_attention``, ``uvs``, ``language_agnostic``), which its ``spec`` imports
+when a model is built, so ``train --help`` and ``pipelines.yaml`` read the declarations alone (a plugin's
+one file may hold both). Everything else is derived here: the family's settings class (``TrainSection`` +
+its submodel), its command-line options (:mod:`train.cli.fit_options`), the ``train:`` section of
+``pipelines.yaml`` (:mod:`train.config.sections`).
 
 :func:`register_family` adds a family; ``train/models/__init__.py`` imports every built-in family file
 and registers its ``FAMILY`` explicitly. A family of one's own is one file: import it and pass its
@@ -17,18 +20,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import create_model, model_validator
 
-from train.engine.objectives import ContrastiveObjective, Objective
 from train.engine.settings import FamilyConfig, TrainSection
-from train.models.registry import ModelSpec
+from train.models.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from train.engine.objectives import Objective
 
 
 def contrastive_objective(settings: Any) -> Objective:
     """Every family's default objective: the contrastive loss of its ``measure``, ``margin`` and ``loss``
     (+ the text encoder's penalty, if any)."""
+    from train.engine.objectives import ContrastiveObjective  # start-up: torch only when a run trains
+
     return ContrastiveObjective(settings.measure, settings.margin, settings.loss, settings.order_sqrt)
 
 

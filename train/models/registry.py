@@ -1,10 +1,12 @@
-"""Registries of text and image encoders, in the manner of timm's ``create_model``, and :class:`ModelSpec`.
+"""Registries of text and image encoders, in the manner of timm's ``create_model`` (:class:`ModelSpec`, what
+a family builds, is :mod:`train.models.spec`'s, re-exported here for a plugin's file).
 
-Every model file registers its variants with ``@register_text_encoder`` / ``@register_image_encoder``;
-``train/models/__init__.py`` imports every model file explicitly, so the registries are complete once
-``train.models`` is imported (any ``train.models.*`` import does it first). A model family (what
-``train <family>`` trains) is declared beside its model as a :class:`train.models.family.Family`, which
-names the encoders through its :class:`ModelSpec`; the trainer only ever calls the family's rules and the
+Every network module registers its variants with ``@register_text_encoder`` / ``@register_image_encoder``
+when it is imported: a family's ``spec`` imports its own network module before it names its encoders, so
+building a model through its family always finds them, and :mod:`train.models.networks` imports every
+built-in one (what ``train.models.create_text_encoder`` reads). A model family (what ``train <family>``
+trains) is declared in a light file of its own as a :class:`train.models.family.Family`, which names the
+encoders through its :class:`ModelSpec`; the trainer only ever calls the family's rules and the
 ``create_*`` functions, so a new family plugs in by adding a file, without touching the trainer.
 
 * A text encoder is an ``nn.Module`` with ``forward(tokens, lengths) -> (B, output_dim)``, an
@@ -19,48 +21,23 @@ names the encoders through its :class:`ModelSpec`; the trainer only ever calls t
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-#: what a text encoder reads: ``chars`` (B, T) character indices; ``words`` (B, T) word indices of
-#: the train-split ``words.json``; ``word_chars`` (B, T, C) each word spelled as C character
-#: indices (zero-padded). ``lengths`` (B,) counts characters or words. Index 0 is always padding.
-TEXT_INPUTS = ("chars", "words", "word_chars")
+# what a family builds is declared without torch (the families' declarations read it); a plugin's file
+# imports it from here with the registries, as docs/ARCHITECTURE.md shows
+from train.models.spec import TEXT_INPUTS, ModelSpec
+
+__all__ = ["TEXT_INPUTS", "LinearImageEncoder", "ModelSpec", "TextEncoder", "count_parameters",
+           "create_image_encoder", "create_text_encoder", "list_text_encoders", "register_image_encoder",
+           "register_text_encoder"]
 
 #: name -> constructor ``(vocab_size, **kw) -> TextEncoder``
 _TEXT_ENCODERS: dict[str, Callable[..., TextEncoder]] = {}
 #: name -> constructor ``(feature_shape, d, **kw) -> nn.Module``
 _IMAGE_ENCODERS: dict[str, Callable[..., nn.Module]] = {}
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """What a family builds: its encoders, what the text encoder reads, and the joint-space maps.
-
-    Attributes:
-        text_encoder, text_kwargs: registered text encoder and its constructor keywords.
-        text_input: one of :data:`TEXT_INPUTS`.
-        image_encoder, image_kwargs: registered image encoder (``linear``: ``W_i x``, no bias).
-        text_projection: a ``W_t`` after the text encoder (``False`` when it already outputs ``d``).
-        text_projection_bias: whether that ``W_t`` has a bias (SEAM's linear layer does).
-        absolute: ``|.|`` on both sides before the L2 normalisation (order embeddings need it).
-    """
-
-    text_encoder: str
-    text_kwargs: dict[str, Any] = field(default_factory=dict)
-    text_input: str = "chars"
-    image_encoder: str = "linear"
-    image_kwargs: dict[str, Any] = field(default_factory=dict)
-    text_projection: bool = True
-    text_projection_bias: bool = False
-    absolute: bool = True
-
-    def __post_init__(self) -> None:
-        if self.text_input not in TEXT_INPUTS:
-            raise ValueError(f"unknown text input {self.text_input!r} (expected one of {TEXT_INPUTS})")
 
 
 class TextEncoder(nn.Module):

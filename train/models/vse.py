@@ -1,19 +1,10 @@
-"""UVS: the word-embedding + GRU sentence encoder of the FNE paper's VSE pipelines.
+"""``train vse``: the VSE pipelines of the FNE paper (their settings, presets, spec, objective and classifier
+encoder); the word-embedding + GRU network (UVS) is :mod:`train.models.uvs`, imported only when a model is
+built.
 
-Vilalta et al., "Studying the Impact of the Full-Network Embedding on Multimodal Pipelines",
-Semantic Web 2019, section 3.2, following Kiros, Salakhutdinov and Zemel, "Unifying
-visual-semantic embeddings with multimodal neural language models" (UVS, 2014). Released code:
-github.com/armandvilalta/Full-network-multimodal-embeddings (Theano, a fork of
-ryankiros/visual-semantic-embedding and ivendrov/order-embedding).
-
-Each word index goes through a trainable linear word embedding (``word_dim``), the embeddings are
-fed to a GRU whose number of units is the size ``d`` of the joint space, and the GRU's hidden
-state after the caption's **last real word** is the sentence embedding (the joint model then takes
-``|.|`` for order embeddings and L2-normalises). No projection follows: ``output_dim = d`` (its
-``ModelSpec`` has ``text_projection=False``).
-
-Settings of the FNE paper's table 1 (``Embed. dim.`` is ``d``, the GRU size; ``Word embed. dim.``
-is ``word_dim``), for the phase-B presets:
+Vilalta et al., "Studying the Impact of the Full-Network Embedding on Multimodal Pipelines", Semantic Web
+2019. Settings of the FNE paper's table 1 (``Embed. dim.`` is ``d``, the GRU size; ``Word embed. dim.`` is
+``word_dim``), for the phase-B presets:
 
 | pipeline | loss    | sim.   | d f8k / f30k / coco | word_dim        | lr               | margin | abs |
 | -------- | ------- | ------ | ------------------- | --------------- | ---------------- | ------ | --- |
@@ -29,115 +20,20 @@ is ``word_dim``), for the phase-B presets:
 | POE      | sum-max | order  | 1024 / 1024 / 2048  | 1024            | 1e-3 then 1e-4   | 0.05   | yes |
 
 Batch 128, Adam, gradient clipping at norm 2, one random caption of the five per image per epoch.
-
-Readings where the paper is silent (from the released code):
-
-- initialisation as in Kiros' ``param_init_gru``: word embeddings and the GRU's input weights
-  uniform in [-0.1, 0.1], recurrent weights orthogonal per gate, biases zero;
-- PyTorch's ``nn.GRU`` computes the same cell as the Theano GRU of the released code (the reset gate
-  multiplies the recurrent term ``U_x h``), but carries a second bias vector per gate (``b_hh``),
-  i.e. ``3 d`` more parameters; starting at zero, ``b_hn`` is the only one that is not redundant;
-- the padding word (index 0) has a zero embedding that is never trained (``padding_idx``); the
-  last hidden state is read at each caption's own length (packed sequences), so padding never
-  changes a caption's embedding.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import Field
-from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from train.engine.objectives import ContrastiveObjective, CurriculumObjective, Objective
 from train.engine.settings import FamilyConfig
-from train.models.family import ClassifierEncoder, Family
-from train.models.registry import ModelSpec, TextEncoder, register_text_encoder
+from train.models.family import ClassifierEncoder, Family, contrastive_objective
+from train.models.spec import ModelSpec
 
-#: Kiros' ``norm_weight``: uniform initialisation in [-0.1, 0.1] of word embeddings and input weights
-INIT_SCALE = 0.1
-
-
-def word_embedding(vocab_size: int, word_dim: int) -> nn.Embedding:
-    """Trainable word embedding, uniform in [-0.1, 0.1], with a zero, untrained ``<pad>`` row (index 0).
-
-    Both released codes (UVS/FNE and SEAM) initialise word embeddings uniformly in [-0.1, 0.1].
-    """
-    embedding = nn.Embedding(vocab_size, word_dim, padding_idx=0)
-    with torch.no_grad():
-        embedding.weight.uniform_(-INIT_SCALE, INIT_SCALE)
-        embedding.weight[0].zero_()
-    return embedding
-
-
-def run_gru(gru: nn.GRU, words: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A one-layer, one-direction, batch-first GRU over the real words of each caption only.
-
-    Args:
-        gru: ``nn.GRU(batch_first=True)``.
-        words: ``(B, T, word_dim)`` float, the embedded words (padding after each caption's length).
-        lengths: ``(B,)`` long, words per caption; 0 is read as 1 (an empty caption keeps one step).
-
-    Returns:
-        ``outputs (B, T, k)`` hidden state at every step (zeros after each caption's length) and
-        ``last (B, k)`` the hidden state after each caption's last real word.
-    """
-    lengths = lengths.clamp_min(1).cpu()
-    packed = pack_padded_sequence(words, lengths, batch_first=True, enforce_sorted=False)
-    outputs, last = gru(packed)
-    outputs, _ = pad_packed_sequence(outputs, batch_first=True, total_length=words.shape[1])
-    return outputs, last[-1]
-
-
-def init_gru_like_kiros(gru: nn.GRU) -> None:
-    """Kiros' ``param_init_gru``: input weights uniform in [-0.1, 0.1], each gate's recurrent weights
-    orthogonal, biases zero."""
-    k = gru.hidden_size
-    with torch.no_grad():
-        for name, weight in gru.named_parameters():
-            if name.startswith("weight_ih"):
-                weight.uniform_(-INIT_SCALE, INIT_SCALE)
-            elif name.startswith("weight_hh"):
-                for gate in range(3):  # PyTorch stacks the reset, update and new gates' (k, k) blocks
-                    nn.init.orthogonal_(weight[gate * k:(gate + 1) * k])
-            else:
-                weight.zero_()
-
-
-class UVSEncoder(TextEncoder):
-    """UVS sentence encoder: ``tokens (B, T) long, lengths (B,) long -> (B, d)``.
-
-    Args:
-        vocab_size: words of the train-split vocabulary (index 0 ``<pad>``, 1 ``<unk>``).
-        d: GRU units, which is the joint embedding size (``output_dim``).
-        word_dim: size of the word embedding.
-    """
-
-    text_input: ClassVar[str] = "words"
-
-    def __init__(self, vocab_size: int, d: int = 1024, word_dim: int = 1024) -> None:
-        super().__init__()
-        if d < 1 or word_dim < 1:
-            raise ValueError(f"d and word_dim must be positive, got d={d}, word_dim={word_dim}")
-        self.embedding = word_embedding(vocab_size, word_dim)
-        self.gru = nn.GRU(word_dim, d, batch_first=True)
-        self.output_dim = d
-        self.penalty = None
-        init_gru_like_kiros(self.gru)
-
-    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """Embed the words, run the GRU, return its state after each caption's last word."""
-        _, last = run_gru(self.gru, self.embedding(tokens), lengths)
-        return last
-
-
-@register_text_encoder("uvs_gru")
-def uvs_gru(vocab_size: int, d: int = 1024, word_dim: int = 1024) -> UVSEncoder:
-    """UVS / VSE pipelines' encoder: word embedding (``word_dim``) + GRU of ``d`` units, last state."""
-    return UVSEncoder(vocab_size, d=d, word_dim=word_dim)
-
+if TYPE_CHECKING:
+    from train.engine.objectives import Objective
 
 #: the FNE paper's table 1: loss, similarity, ``d`` per dataset (f8k, f30k, coco), word embedding size,
 #: learning rate (per dataset where it differs), margin, ``|.|``; PH and POE start with the sum loss
@@ -177,8 +73,6 @@ def vse_preset(kind: str, dataset_name: str | None) -> dict[str, Any]:
     return {k: (v[column] if isinstance(v, tuple) else v) for k, v in VSE_PRESETS[kind].items()}
 
 
-# --- the family: ``train vse`` ------------------------------------------------------------------------
-
 #: help notes of the settings the ``--kind`` preset gives
 _PRESET_NOTE = "; the --kind preset of the prepared dataset's column, COCO's without one"
 
@@ -211,6 +105,8 @@ def vse_defaults(settings: Any, dataset_name: str | None) -> dict[str, Any]:
 def vse_spec(settings: Any) -> ModelSpec:
     """VSE pipelines: words in, the GRU's last state (``d`` units, no ``W_t``) and ``W_i x`` (no bias),
     ``|.|`` when ``absolute`` (table 1), L2-normalised."""
+    import train.models.uvs  # noqa: F401  start-up: registers uvs_gru (torch) for a model
+
     return ModelSpec("uvs_gru", {"d": settings.d, "word_dim": settings.word_dim}, text_input="words",
                      text_projection=False, absolute=settings.absolute)
 
@@ -218,10 +114,12 @@ def vse_spec(settings: Any) -> ModelSpec:
 def vse_objective(settings: Any) -> Objective:
     """The FNE paper's pipelines: PH and POE are curricula (sum, then max of hinges); the others the
     plain contrastive loss of their preset."""
-    if settings.kind in CURRICULA:
-        return CurriculumObjective(settings.measure, settings.margin, settings.loss, settings.order_sqrt,
-                                   phases=(settings.loss, "max"), later_lr=settings.finetune_lr)
-    return ContrastiveObjective(settings.measure, settings.margin, settings.loss, settings.order_sqrt)
+    if settings.kind not in CURRICULA:
+        return contrastive_objective(settings)
+    from train.engine.objectives import CurriculumObjective  # start-up: torch only when a run trains
+
+    return CurriculumObjective(settings.measure, settings.margin, settings.loss, settings.order_sqrt,
+                               phases=(settings.loss, "max"), later_lr=settings.finetune_lr)
 
 
 def classifier_gru(settings: Any) -> dict[str, Any]:

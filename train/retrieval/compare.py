@@ -46,8 +46,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines.schema import load_pipelines
 from prep.dataset import PreparedDataset
+from train.config.run import read_config
+from train.config.sections import train_values
 from train.engine.plots import plot_noise_by_family, plot_parameters_vs_rsum
 from train.engine.settings import CompareSection
 from train.models.family import family_names, model_spec, train_settings, with_family_defaults
@@ -55,13 +56,13 @@ from train.retrieval.evaluate.run import evaluate_run
 from train.retrieval.fit import dataset_name, run_training
 from train.retrieval.report import read_history, run_summary
 from train.run.checkpoint import load_checkpoint
-from train.run.config import read_config
 from train.run.layout import COMPARE_EVAL, RunDir, evaluation_name, noise_name
 from vsecore import console
 from vsecore.errors import UserError
 from vsecore.io import atomic_file, sha256_file, write_json_atomic
 from vsecore.jsonfile import read_json
 from vsecore.outputs import check_output_folder
+from vsecore.pipelines_file import PipelinesFile
 
 #: the files a comparison writes into its folder (its runs go under ``runs/``)
 COMPARE_JSON = "compare.json"
@@ -117,15 +118,15 @@ def parse_entries(spec: str | None, pipelines_file: str | Path | None = None) ->
         if name in families:
             entries.append(Entry(name, name, "defaults", {"family": name}))
             continue
-        pipelines = load_pipelines(pipelines_file)
-        if name not in pipelines:
+        pipelines = PipelinesFile.read(pipelines_file)
+        if name not in pipelines.names():
             raise UserError(f"--families: '{name}' is neither a family ({', '.join(families)}) nor a "
                             f"pipeline of {pipelines_file or 'pipelines.yaml'}")
-        train = pipelines[name].train
-        if train is None:
+        entry = pipelines.entry(name, strict=False)  # its paths are the plan's: no variable needed
+        if not entry.has("train"):
             raise UserError(f"--families: pipeline '{name}' has no train section")
-        values = train.model_dump(include=train.model_fields_set - {"data", "features", "out"})
-        entries.append(Entry(name, train.family, f"pipeline {name}", {"family": train.family, **values}))
+        values = {k: v for k, v in train_values(entry).items() if k not in ("data", "features", "out")}
+        entries.append(Entry(name, values["family"], f"pipeline {name}", values))
     return entries
 
 
@@ -296,7 +297,12 @@ def evaluate_for_comparison(run_dir: Path, noise: str | None, device: str = "aut
             return kept
     with tempfile.TemporaryDirectory(prefix="vse-compare-") as tmp:
         folder = Path(tmp)
-        evaluate_run(run_dir, "test", wanted, noise=noise, device=device, log=log, overwrite=True,
+
+        def said(message: str) -> None:
+            # what it wrote is copied into the run's eval/ below: no message names the temporary folder
+            log(message.replace(str(folder), str(run.eval_dir)))
+
+        evaluate_run(run_dir, "test", wanted, noise=noise, device=device, log=said, overwrite=True,
                      json_path=folder / evaluation_name("test", "best"), out_dir=folder)
         if checkpoint_identity(run_dir) != identity:
             raise UserError(f"{run.best}: changed while the comparison evaluated it; {RESUME_COMPARE}")

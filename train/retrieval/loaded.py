@@ -17,14 +17,7 @@ from features.featurize import Featurizer
 from features.store.core import FeatureStore
 from features.store.read import layout_digest, parse_spec
 from prep.dataset import PreparedDataset
-from train.engine.codecs import TextCodec, codec_for
-from train.engine.data import CaptionSet, load_caption_set, read_features, read_region_counts
-from train.engine.inference import embed_caption_set, embed_codes, embed_images
-from train.engine.settings import TrainSection
-from train.models.family import model_spec
-from train.models.joint import build_model
-from train.retrieval.query import search
-from train.run.config import (
+from train.config.run import (
     ACCEPT_CHANGED,
     changed_dataset_files,
     features_fingerprint,
@@ -33,6 +26,13 @@ from train.run.config import (
     rebuild_model,
     settings_from_config,
 )
+from train.engine.codecs import TextCodec, codec_for
+from train.engine.data import CaptionSet, load_caption_set, read_features, read_region_counts
+from train.engine.inference import embed_caption_set, embed_codes, embed_images
+from train.engine.settings import TrainSection
+from train.models.family import model_spec
+from train.models.joint import build_model
+from train.retrieval.query import search
 from train.run.layout import CONFIG, RunDir
 from vsecore import console
 from vsecore.device import resolve_device

@@ -32,32 +32,33 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from features.featurize import Featurizer
 from features.store.core import FeatureStore
 from features.store.read import parse_spec
 from features.store.ternary import check_thresholds
 from prep.dataset import Vocabulary
-from train.engine.codecs import TextCodec
-from train.engine.inference import embed_images
-from train.models.family import model_spec
-from train.models.joint import build_model
-from train.retrieval.loaded import LoadedRun, load_run_directory
-from train.run.checkpoint import check_model_state
-from train.run.config import (
+from train.config.run import (
     CLASSIFY_TASK,
     model_sizes,
     read_config,
     settings_from_config,
     validate_config,
 )
+from train.engine.codecs import TextCodec
+from train.engine.inference import embed_images
+from train.models.family import model_spec
+from train.models.joint import build_model
+from train.retrieval.loaded import LoadedRun, load_run_directory
+from train.run.checkpoint import check_model_state
 from train.run.layout import CONFIG
 from vsecore import console
 from vsecore.device import resolve_device
 from vsecore.errors import UserError, disk_error_message
 from vsecore.io import (
     atomic_directory,
+    atomic_file,
     exclusive_lock,
     remove_stale_siblings,
     sha256_file,
@@ -149,6 +150,16 @@ def _model_json(run: LoadedRun, run_dir: str | os.PathLike, checkpoint: str, key
         "source": {"run": str(Path(run_dir).resolve()), "checkpoint": checkpoint, "epoch": run.epoch,
                    "code_version": run.config.get("code_version")},
     }
+
+
+def save_file(tensors: dict[str, torch.Tensor], path: str, metadata: dict[str, str] | None = None) -> None:
+    """Write ``tensors`` (name -> tensor of any shape) as a safetensors file at ``path``.
+
+    Through :func:`vsecore.io.atomic_file`, so the file gets ``model.json``'s permissions (0666 less the
+    umask) in a folder made for publishing; safetensors' own file writer left it 0600.
+    """
+    with atomic_file(Path(path)) as fh:
+        fh.write(save(tensors, metadata=metadata))
 
 
 def _write_model_folder(out: Path, run: LoadedRun, model_json: dict[str, Any], key: str) -> None:

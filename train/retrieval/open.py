@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from train.config.run import read_config, store_path
 from train.retrieval.loaded import LoadedRun, load_run_directory
 from train.retrieval.model_folder import is_model_folder, load_model_folder, read_model_json
-from train.run.config import read_config, store_path
 from vsecore.errors import UserError
 
 

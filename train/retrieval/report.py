@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from train.config.run import read_config
 from train.run.checkpoint import load_checkpoint
-from train.run.config import read_config
 from train.run.layout import RunDir
 from vsecore.errors import UserError
 from vsecore.io import MAX_TEXT_BYTES

@@ -1,9 +1,12 @@
-"""Run directories: their configuration, the checks before a run starts or resumes, and reading back.
+"""A run's configuration: its ``config.json``, the checks before a run starts or resumes, and reading back.
 
-The layout, the marker and what train may replace belong to :class:`train.run.layout.RunDir`. For a
-retrieval and a classification run alike, :func:`check_same_config` is the one comparison a ``--resume``
-makes, and :func:`rebuild_model` the one way a trained model comes back from its settings and checkpoint
-(:func:`train.retrieval.loaded.load_run_directory`, :func:`train.classification.run.load_classification_run`).
+The layout, the marker and what train may replace belong to :class:`train.run.layout.RunDir` (below the
+engine, which writes the files); this module sits above the models, which it rebuilds from a run's settings.
+For a retrieval and a classification run alike, :func:`check_same_config` is the one comparison a
+``--resume`` makes, and :func:`rebuild_model` the one way a trained model comes back from its settings and
+checkpoint (:func:`train.retrieval.loaded.load_run_directory`,
+:func:`train.classification.run.load_classification_run`). The commands read it when they parse (``--resume``
+reads a run's settings; :data:`ACCEPT_CHANGED` is a flag), so torch loads only where a model is built.
 """
 
 from __future__ import annotations
@@ -15,29 +18,29 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from torch.overrides import TorchFunctionMode
 
 from features.store.spec import FeatureSpec
 from prep.dataset import CHARS_FILE, DATASET_FILE, WORDS_FILE
 from train.engine.settings import ClassifySection, TrainSection, first_non_finite
 from train.models.classifier import classify_settings, encoder_keys
 from train.models.family import families_with_key, get_family, train_settings
-from train.models.joint import build_model
-from train.run.checkpoint import MAX_PARAMETERS, load_checkpoint, load_model_state
 from train.run.layout import CONFIG, RunDir
 from vsecore import console
 from vsecore.errors import UserError
 from vsecore.io import sha256_file
 from vsecore.jsonfile import read_json
 
+if TYPE_CHECKING:
+    import torch
+
 #: the ``task`` of a classification run's config.json (a retrieval run has none)
 CLASSIFY_TASK = "classify"
-#: settings that may change when a run resumes: where it runs and how long it may go on
-RESUMABLE_CHANGES = ("out", "device", "workers", "epochs", "checkpoint_every")
+#: settings that may change when a run resumes: where it runs, how long it may go on, and how a step runs
+#: (``compile``, ``cuda_graphs``: never what it computes); the new values are recorded in its config.json
+RESUMABLE_CHANGES = ("out", "device", "workers", "epochs", "checkpoint_every", "compile", "cuda_graphs")
 
 
 def default_run_dir(family: str) -> str:
@@ -182,8 +185,13 @@ def check_model_size(settings: TrainSection, vocab_size: int, feature_shape: lis
     setting that is not finite, settings that build no model, or more than :data:`MAX_PARAMETERS`."""
     if (bad := first_non_finite(settings)) is not None:
         raise UserError(f"{path}: settings.{bad[0]}: {bad[1]} is not a finite number")
+    import torch
+
+    from train.models.joint import build_model  # start-up: torch only when a model is counted or rebuilt
+    from train.run.checkpoint import MAX_PARAMETERS  # start-up: torch only when a model is counted
+
     try:
-        with torch.device("meta"), _NoInitialisation():
+        with torch.device("meta"), _no_initialisation():
             model = build_model(settings, vocab_size, feature_shape)
     except (ArithmeticError, ValueError, TypeError, RuntimeError) as exc:
         raise UserError(f"{path}: the settings, vocab_size {vocab_size} and feature_shape {feature_shape} "
@@ -200,17 +208,23 @@ def check_model_size(settings: TrainSection, vocab_size: int, feature_shape: lis
     return count
 
 
-class _NoInitialisation(TorchFunctionMode):
-    """In-place operations on ``meta`` tensors (a module's initialisation) do nothing: some of them
-    (``normal_``) would import torch's compiler, seconds, to compute nothing."""
+def _no_initialisation() -> Any:
+    """A torch function mode in which in-place operations on ``meta`` tensors (a module's initialisation) do
+    nothing: some of them (``normal_``) would import torch's compiler, seconds, to compute nothing."""
+    import torch
+    from torch.overrides import TorchFunctionMode
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        name = getattr(func, "__name__", "")
-        target = args[0] if args else (kwargs or {}).get("tensor")
-        in_place = name.endswith("_") and not name.endswith("__")
-        if in_place and isinstance(target, torch.Tensor) and target.is_meta:
-            return target
-        return func(*args, **(kwargs or {}))
+    class NoInitialisation(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+                               ) -> Any:
+            name = getattr(func, "__name__", "")
+            target = args[0] if args else (kwargs or {}).get("tensor")
+            in_place = name.endswith("_") and not name.endswith("__")
+            if in_place and isinstance(target, torch.Tensor) and target.is_meta:
+                return target
+            return func(*args, **(kwargs or {}))
+
+    return NoInitialisation()
 
 
 def _check_fingerprints(config: dict[str, Any], path: str | os.PathLike) -> None:
@@ -302,6 +316,8 @@ def rebuild_model(build: Callable[[], torch.nn.Module], path: Path, config: dict
     checked against it with the tensors only memory-mapped (:func:`train.run.checkpoint.load_checkpoint`),
     before any tensor is read; then the tensors are loaded, and the model moved to ``device`` in eval mode.
     """
+    from train.run.checkpoint import load_checkpoint, load_model_state  # start-up: torch for a rebuild
+
     model = build()
     state = load_checkpoint(path, map_location="cpu", model=model)
     load_model_state(model, state["model"], path, config.get("code_version", "?"))
