@@ -5,10 +5,17 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: setup demo test test-kernels lint bench clean gpu-check
 
+# Each step says what it does, and pip lists what it collects and installs (one line a package, no progress
+# bars: a log without a terminal stays short) instead of minutes of silence.
+PIP := $(VENV)/bin/python -m pip install --progress-bar off --disable-pip-version-check
 $(STAMP): pyproject.toml
+	@echo "== setup 1/3: the virtual environment $(VENV)"
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
-	$(VENV)/bin/python -m pip install -q --upgrade pip
-	$(VENV)/bin/python -m pip install -q -e '.[test]'
+	@echo "== setup 2/3: a current pip"
+	$(PIP) --upgrade pip
+	@echo "== setup 3/3: the project with its Japanese, Dask and test extras, torch and torchvision (the first time takes a few minutes)"
+	$(PIP) -e '.[test]'
+	@echo "== setup: done ($(VENV))"
 	touch $(STAMP)
 
 setup: $(STAMP)

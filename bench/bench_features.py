@@ -5,7 +5,8 @@ For one CNN on CPU or GPU it prints
 - the end-to-end images/s of ``features cnn`` and of ``features fne`` (in-process, store written),
 - the images/s of the bare forward pass over the same crops, already decoded and cropped,
 - the time spent decoding the JPEGs, resizing them on the host, and normalising and cropping them on the
-  device (the mapper's split of the work),
+  device (the mapper's split of the work), and decoding and resizing them on the device instead
+  (``--decoder torchvision``),
 
 and the ratios end-to-end / bare forward, so the pipeline's overhead is visible.
 
@@ -29,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -38,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 from features.extractors.crop_mapper import ImageMapper  # noqa: E402
 from features.extractors.crops import normalization_table, pixel_crops, resized_pixels  # noqa: E402
 from features.extractors.images import load_image  # noqa: E402
+from features.extractors.mapper import device_input  # noqa: E402
 from features.run import run_features  # noqa: E402
 from features.settings import features_settings  # noqa: E402
 from vsecore.device import resolve_device  # noqa: E402
@@ -64,17 +67,17 @@ def sync(device: str) -> None:
 def bare_forward(mapper: ImageMapper, crops: torch.Tensor, device: str, repeats: int = 2) -> float:
     """Seconds of the network alone over pre-built crops (best of ``repeats``), fp32 or bf16 as set.
 
-    Passes have the mapper's sizes (on CPU one image's crops per pass, on CUDA about
-    ``batch_size`` crops), so the comparison with the end-to-end run is like for like.
+    Passes have the mapper's sizes (on CPU one image's crops per pass, on CUDA ``batch_size`` images'
+    crops), so the comparison with the end-to-end run is like for like.
     """
-    step = min(mapper.batch_size, mapper.images_per_pass * mapper.crops)
+    step = mapper.images_per_pass * mapper.crops
     best = float("inf")
     for _ in range(repeats):
         sync(device)
         t0 = time.perf_counter()
         with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=mapper.amp):
             for c0 in range(0, crops.shape[0], step):
-                mapper.model(crops[c0:c0 + step].to(device, non_blocking=True))
+                mapper.model(device_input(crops[c0:c0 + step].to(device, non_blocking=True)))
         sync(device)
         best = min(best, time.perf_counter() - t0)
     return best
@@ -122,7 +125,10 @@ def main() -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--images", type=int, default=32)
     p.add_argument("--crops", type=int, choices=(1, 10), default=10)
-    p.add_argument("--batch-size", type=int, default=40, help="crops per forward pass")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="images per forward pass on CUDA, per mapper call on the CPU (default: features')")
+    p.add_argument("--decoder", choices=("pil", "torchvision"), default="pil", help="features --decoder")
+    p.add_argument("--decode-threads", type=int, default=None, help="features --decode-threads")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--amp", action="store_true")
     p.add_argument("--images-dir", type=Path,
@@ -143,7 +149,8 @@ def main() -> None:
     if not paths:
         raise SystemExit(f"no .jpg images in {args.images_dir}")
     print(f"bench_features: {args.cnn} weights={args.weights} device={device} crops={args.crops} "
-          f"images={len(paths)} batch={args.batch_size} crops/pass, torch threads={torch.get_num_threads()}")
+          f"images={len(paths)} batch={args.batch_size or 'default'} images, decoder={args.decoder}, "
+          f"torch threads={torch.get_num_threads()}")
     forward_s = bench_stages(args, paths, device)
     bench_end_to_end(args, paths, device, forward_s)
 
@@ -154,9 +161,7 @@ def bench_stages(args: argparse.Namespace, paths: list[Path], device: str) -> fl
     t0 = time.perf_counter()
     images = [load_image(q) for q in paths]
     decode_s = time.perf_counter() - t0
-    config = {"cnn": args.cnn, "weights": args.weights, "kind": "global", "crops": args.crops,
-              "batch_size": args.batch_size, "device": device, "amp": args.amp}
-    mapper = ImageMapper.from_config(config)
+    mapper = ImageMapper.from_config(mapper_config(args, device))
     b = mapper.backbone
     t0 = time.perf_counter()
     pixels = [resized_pixels(im, b.resize, b.interpolation) for im in images]
@@ -175,8 +180,32 @@ def bench_stages(args: argparse.Namespace, paths: list[Path], device: str) -> fl
     print(f"decode (load_image, 1 thread):      {decode_s:7.2f} s  {n / decode_s:8.1f} images/s")
     print(f"resize (host, 1 thread):            {resize_s:7.2f} s  {n / resize_s:8.1f} images/s")
     print(f"pixels -> normalised crops ({device}): {crop_s:7.2f} s  {n / crop_s:8.1f} images/s")
+    decode_s = device_decode_seconds(mapper_config(args, device), paths, device)
+    print(f"decode + resize (torchvision, {device}): {decode_s:7.2f} s  {n / decode_s:8.1f} images/s")
     print(f"bare forward ({crops.shape[0]} crops):        {forward_s:7.2f} s  {n / forward_s:8.1f} images/s")
     return forward_s
+
+
+def mapper_config(args: argparse.Namespace, device: str) -> dict[str, Any]:
+    """The mapper the stages are timed with (global features, PIL's decoder)."""
+    return {"cnn": args.cnn, "weights": args.weights, "kind": "global", "crops": args.crops,
+            "batch_size": args.batch_size, "device": device, "amp": args.amp}
+
+
+def device_decode_seconds(config: dict[str, Any], paths: list[Path], device: str) -> float:
+    """Seconds to read ``paths`` and decode and resize them where the network runs (``--decoder
+    torchvision``: the file reads in this thread, then one decode call on the device)."""
+    from features.extractors.decode import decode_jpegs, read_encoded, resize_on_device
+
+    mapper = ImageMapper.from_config({**config, "decoder": "torchvision"})
+    b = mapper.backbone
+    sync(device)
+    t0 = time.perf_counter()
+    encoded = [read_encoded(p, resize=b.resize) for p in paths]
+    for image in decode_jpegs(encoded, torch.device(device)):
+        resize_on_device(image, b.resize, b.interpolation)
+    sync(device)
+    return time.perf_counter() - t0
 
 
 def bench_end_to_end(args: argparse.Namespace, paths: list[Path], device: str, forward_s: float) -> None:
@@ -188,7 +217,8 @@ def bench_end_to_end(args: argparse.Namespace, paths: list[Path], device: str, f
             settings = features_settings(kind=kind, data=str(data), out=str(Path(tmp) / f"{kind}.zarr"),
                                          cnn=args.cnn, weights=args.weights, crops=args.crops,
                                          batch_size=args.batch_size, block_size=args.block_size,
-                                         device=device, amp=args.amp, threads=torch.get_num_threads())
+                                         device=device, amp=args.amp, threads=torch.get_num_threads(),
+                                         decoder=args.decoder, decode_threads=args.decode_threads)
             t0 = time.perf_counter()
             run_features(settings, overwrite=True, progress=False)
             total = time.perf_counter() - t0

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from features.executors.extract import load_resize
+from features.executors.block import MAPPER_FAILURES, load_resize
 from features.extractors.images import ImageError, load_image
 from features.extractors.recipe import ImageMapperFactory
 from features.extractors.registry import extractors, extractors_of_kind, get_extractor_of_config
@@ -109,16 +109,23 @@ class Featurizer:
         return self.code[1]
 
     def __call__(self, paths: Sequence[str | Path]) -> tuple[np.ndarray, list[dict[str, str]]]:
-        """Rows of the images at ``paths`` (unusable images are left out and listed as failures)."""
-        images, failures = [], []
+        """Rows of the images at ``paths`` (unusable images are left out and listed as failures), read as the
+        extraction's decode threads read them (the mapper's own ``load``, e.g. with its JPEG decoder)."""
+        load = getattr(self.mapper, "load", None) or load_image
+        images, names, failures = [], [], []
         for p in paths:
             try:
-                images.append(load_image(str(p), resize=load_resize(self.mapper)))
+                images.append(load(str(p), resize=load_resize(self.mapper)))
+                names.append(str(p))
             except ImageError as exc:
                 failures.append({"path": str(p), "reason": str(getattr(exc, "reason", None) or exc)})
         if not images:
             return np.zeros((0, *self.shape), np.float32), failures
-        (raw,) = self.mapper(images).values()
+        mapped = dict(self.mapper(images))
+        unusable = mapped.pop(MAPPER_FAILURES, None) or []
+        failures += [{"path": names[k], "reason": reason} for k, reason in unusable]
+        (raw,) = mapped.values()
+        raw = np.delete(raw, [k for k, _ in unusable], axis=0)
         if self.key == "fne":  # the store's own train statistics and thresholds
             mean, std, (low, high) = self.code
             raw = ternarize(raw, mean, std, low, high).astype(np.float32)

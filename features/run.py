@@ -19,11 +19,13 @@ from typing import Any
 import numpy as np
 
 from features.executors import check_scheduler, open_executor
+from features.executors.block import default_decode_threads
 from features.executors.extract import (
     ExtractSummary,
     Mapper,
     cached_mapper,
     extract,
+    images_kept,
     load_resize,
     retry_failures,
 )
@@ -113,13 +115,15 @@ def _extract_locked(settings: FeaturesSection, extractor: Extractor, dataset: Pr
     paths = [str(p) for p in dataset.image_paths()]
     imgids = np.arange(len(paths), dtype=np.int64)
     in_process = settings.scheduler == "none"
+    devices = local_devices(settings)
     # The driver needs the widths and provenance; in-process its mapper is the one that computes.
     # On a cluster the driver's copy only describes the model, so it stays on the CPU, and
-    # ``auto`` is resolved by each worker (the driver may have no GPU).
+    # ``auto`` is resolved by each worker (the driver may have no GPU); a local worker pinned to a GPU
+    # sees it as its only one, ``cuda``.
     if in_process:
         factory = driver = ImageMapperFactory.from_settings(settings, str(resolve_device(settings.device)))
     else:
-        factory = ImageMapperFactory.from_settings(settings)
+        factory = ImageMapperFactory.from_settings(settings, "cuda" if devices else None)
         driver = ImageMapperFactory.from_settings(settings, "cpu")
     mapper = cached_mapper(driver)
     config = store_config(settings, mapper, images_sha, len(paths))
@@ -134,19 +138,20 @@ def _extract_locked(settings: FeaturesSection, extractor: Extractor, dataset: Pr
         _recompute_damaged(store)
         _retry_failures(store, retry_failed)
     try:
-        with open_executor(settings.scheduler, settings.workers) as executor:
+        with open_executor(settings.scheduler, settings.workers, devices, settings.decode_threads,
+                           settings.read_ahead) as executor:
             summary = extract(store, paths, factory, executor, settings.on_error, progress,
-                              resize=load_resize(mapper))
+                              resize=load_resize(mapper), decode_threads=decode_threads(settings))
         if extractor.finish is not None:
             extractor.finish(store, dataset, settings)
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: say what is kept
-        exc.args = (f"interrupted: {blocks_kept(store)}, re-run the same command to resume",)
+        exc.args = (f"interrupted: {images_kept(store)}, re-run the same command to resume",)
         raise
     except OSError as exc:
         reason = disk_error_reason(exc)
         if reason is None:
             raise
-        raise UserError(f"{out}: cannot write the feature store: {reason}; {blocks_kept(store)}, the same "
+        raise UserError(f"{out}: cannot write the feature store: {reason}; {images_kept(store)}, the same "
                         "command resumes") from None
     store.set_attrs(failures=summary.failures, complete=True,
                     summary={"rows_written": summary.rows_written, "rows_skipped": summary.rows_skipped,
@@ -207,6 +212,9 @@ def _print_summary(summary: ExtractSummary, out: Path) -> None:
     if len(summary.failures) > 20:
         console.result(f"  ... and {len(summary.failures) - 20} more (all listed in the store's 'failures' "
                        "attribute)")
+    if len(summary.devices) > 1:
+        console.info("features: blocks per worker device: " + ", ".join(
+            f"{device}: {blocks}" for device, blocks in sorted(summary.devices.items())))
     if summary.rows_written:
         total = summary.decode_s + summary.map_s + summary.write_s
         # on stderr, as always: the timing is no result, and stdout keeps only the summary
@@ -215,12 +223,34 @@ def _print_summary(summary: ExtractSummary, out: Path) -> None:
                         f"{total:.1f} s)")
 
 
-def blocks_kept(store: FeatureStore) -> str:
-    """``"N of M blocks kept"`` (the finished blocks a re-run skips)."""
-    try:
-        return f"{int(store.blocks_done().sum())} of {store.n_blocks} blocks kept"
-    except (UserError, OSError):
-        return "finished blocks kept"
+def local_devices(settings: FeaturesSection) -> list[str]:
+    """The GPUs the workers of ``--scheduler local`` are pinned to, one each (round robin): with ``--device
+    cuda`` (or ``auto`` on a machine with CUDA) every GPU of this machine, with ``cuda:N`` that one; none on
+    the CPU or on another scheduler."""
+    if settings.scheduler != "local" or str(settings.device) == "cpu":
+        return []
+    device = resolve_device(settings.device)
+    if device.type != "cuda":
+        return []
+    import torch
+
+    if device.index is not None:
+        return [str(device.index)]
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def decode_threads(settings: FeaturesSection) -> int | None:
+    """Threads decoding a block's images: ``--decode-threads``, else in-process the CPU count, for ``local``
+    the CPU count divided among ``--workers``, on a remote cluster each worker's own count (None)."""
+    if settings.decode_threads is not None:
+        if settings.decode_threads < 1:
+            raise UserError(f"--decode-threads must be at least 1, got {settings.decode_threads}")
+        return int(settings.decode_threads)
+    if settings.scheduler == "none":
+        return default_decode_threads()
+    if settings.scheduler == "local":
+        return max(1, default_decode_threads() // max(1, settings.workers))
+    return None
 
 
 def probe_writable(path: Path) -> None:

@@ -24,6 +24,19 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def query_cache_in_tmp(tmp_path_factory) -> Iterator[None]:
+    """Queries made by any test (and the commands it starts) cache their embeddings in a temporary folder,
+    never in the user's ``~/.cache/vse-toolkit/query``."""
+    before = os.environ.get("VSE_QUERY_CACHE")
+    os.environ["VSE_QUERY_CACHE"] = str(tmp_path_factory.mktemp("query-cache"))
+    yield
+    if before is None:
+        os.environ.pop("VSE_QUERY_CACHE", None)
+    else:
+        os.environ["VSE_QUERY_CACHE"] = before
+
+
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:
     """Run a test with one torch thread, then restore the previous count."""

@@ -333,7 +333,7 @@ def test_vanished_images_folder_stops_the_run_and_a_rerun_resumes(coco_sample, t
     assert cnn(data, out) == 2
     err = one_line_error(capsys)
     assert "the images folder looks unavailable" in err and str(folder) in err
-    assert "2 of 4 blocks kept" in err and "re-run the same command to resume" in err
+    assert "4 of 8 images kept (2 of 4 blocks finished)" in err and "re-run the same command to resume" in err
     store = FeatureStore(out)
     assert store.blocks_done().tolist() == [True, True, False, False] and not store.block_failures()
     (tmp_path / "elsewhere").rename(folder)
@@ -413,8 +413,8 @@ def test_signal_mid_extraction_says_what_is_kept(data, tmp_path, sig, status):
     assert proc.returncode == status, err
     assert "Traceback" not in err
     kept = int(FeatureStore(out).blocks_done().sum())
-    assert err.strip().splitlines()[-1] == (f"features: interrupted: {kept} of 8 blocks kept, re-run the "
-                                            "same command to resume")
+    assert err.strip().splitlines()[-1] == (f"features: interrupted: {kept} of 8 images kept ({kept} of 8 "
+                                            "blocks finished), re-run the same command to resume")
     assert cnn(data, out, "--block-size", "1") == 0  # and the re-run resumes
 
 
@@ -480,7 +480,7 @@ def test_full_disk_mid_run_says_what_is_kept(data, tmp_path, monkeypatch, capsys
     assert cnn(data, out) == 2
     err = one_line_error(capsys)
     assert "cannot write the feature store: no space left on the device" in err
-    assert "2 of 4 blocks kept, the same command resumes" in err
+    assert "4 of 8 images kept (2 of 4 blocks finished), the same command resumes" in err
     monkeypatch.undo()
     assert cnn(data, out) == 0
     assert "wrote 4 rows, skipped 4 already done" in capsys.readouterr().out
@@ -556,7 +556,7 @@ def test_vanished_images_folder_stops_a_dask_run_too(coco_sample, tmp_path, caps
     folder.rename(tmp_path / "elsewhere")
     assert cnn(data, out, "--scheduler", "local", "--workers", "1", "--threads", "1") == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "the images folder looks unavailable" in err and "blocks kept" in err
+    assert "the images folder looks unavailable" in err and "blocks finished)" in err
     assert not FeatureStore(out).block_failures()
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import QUERY_PIPELINE
 
-from train.cli import main as train_main
+from pipelines.cli import main as train_main  # every train command, train pipeline too
 from train.retrieval.loaded import embed_split
 from train.retrieval.open import load_run
 
@@ -213,3 +213,187 @@ def test_a_shared_model_folder_queries_like_its_run(run_dir: Path, tmp_path: Pat
     torch.testing.assert_close(moved.encode_text(emb.texts[:2]), emb.captions[:2], rtol=0, atol=1e-6)
     with pytest.raises(Exception, match="not on this machine"):
         moved.search(text="a red circle")
+
+
+# -- the query cache (issue 43.5) -------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def query_cache(tmp_path: Path, monkeypatch) -> Path:
+    """A fresh query cache folder for each test of this file (none writes into the user's cache home)."""
+    folder = tmp_path / "query-cache"
+    monkeypatch.setenv("VSE_QUERY_CACHE", str(folder))
+    return folder
+
+
+class Calls:
+    """How often a fresh run's encoders and the feature reader run."""
+
+    def __init__(self, run, monkeypatch) -> None:
+        from train.retrieval import loaded
+
+        self.images = self.captions = self.features = 0
+        encode_images, encode_captions = run.model.encode_images, run.model.encode_captions
+
+        def images(*args, **kwargs):
+            self.images += 1
+            return encode_images(*args, **kwargs)
+
+        def captions(*args, **kwargs):
+            self.captions += 1
+            return encode_captions(*args, **kwargs)
+
+        def features(*args, **kwargs):
+            self.features += 1
+            return real_read(*args, **kwargs)
+
+        real_read = loaded.read_features
+        run.model.encode_images, run.model.encode_captions = images, captions
+        monkeypatch.setattr(loaded, "read_features", features)
+
+
+def _fresh(run_dir: Path, monkeypatch) -> tuple[object, Calls]:
+    run = load_run(run_dir, device="cpu")
+    return run, Calls(run, monkeypatch)
+
+
+def test_a_second_query_reads_its_candidates_from_the_cache(run_dir: Path, query_cache: Path,
+                                                            monkeypatch) -> None:
+    """The first query embeds one side of the split; a second one, in another run object (another
+    process), embeds only the query: no image encoder over the split, no read of the feature store."""
+    from train.retrieval.query_cache import QUERY_CACHE_ENV
+
+    image = str(load_run(run_dir, device="cpu").dataset.images[0].path)
+    first, calls = _fresh(run_dir, monkeypatch)
+    text_hits = first.search(text=["a red circle", "blue"], top=4)
+    assert calls.features == 1 and calls.images >= 1 and calls.captions == 1  # the images, then the query
+    image_hits = first.search(image=image, top=3)
+    assert calls.captions >= 2  # the split's captions, once
+    assert [len(list(query_cache.glob(f"{side}-*.npz"))) for side in ("images", "captions")] == [1, 1]
+
+    second, calls = _fresh(run_dir, monkeypatch)
+    assert second.search(text=["a red circle", "blue"], top=4) == text_hits
+    assert (calls.features, calls.images, calls.captions) == (0, 0, 1)  # the query text only
+    assert second.search(image=image, top=3) == image_hits
+    assert (calls.features, calls.images, calls.captions) == (0, 1, 1)  # the query image only
+
+    # bit-identical rankings: every score equals the one of a run that embeds the split afresh
+    monkeypatch.setenv(QUERY_CACHE_ENV, "0")
+    fresh = load_run(run_dir, device="cpu")
+    top = len(fresh.dataset.images_of("test"))
+    texts = ["a red circle", "blue"]
+    assert fresh.search(text=texts, top=top) == second.search(text=texts, top=top)
+    emb = embed_split(fresh, "test")
+    cached = second.__dict__["_candidates"]["test", "images"]
+    assert torch.equal(cached.embeddings, emb.images) and (cached.imgids == emb.imgids).all()
+    cached = second.__dict__["_candidates"]["test", "captions"]
+    assert torch.equal(cached.embeddings, emb.captions) and cached.texts == emb.texts
+
+
+def test_hits_show_the_images_captions_and_the_captions_image(run_dir: Path, query_cache: Path,
+                                                              tmp_path: Path, capsys) -> None:
+    """A text query's hits carry their file and first two captions, an image query's their caption and its
+    image's file; ``train query`` prints them and ``--json`` holds them, in both directions."""
+    run = load_run(run_dir, device="cpu")
+    [hits] = run.search(text="a red circle", top=3)
+    for h in hits:
+        own = [s.raw for s in run.dataset.sentences_of("test", "en") if s.imgid == h.imgid]
+        assert h.path == str(run.dataset.images[h.imgid].path) and list(h.captions) == own[:2]
+    image = str(run.dataset.images[int(embed_split(run, "test").imgids[0])].path)
+    [caps] = run.search(image=image, top=3)
+    for c in caps:
+        assert c.text in [s.raw for s in run.dataset.sentences if s.imgid == c.imgid]
+        assert c.path == str(run.dataset.images[c.imgid].path) and c.captions == ()
+
+    for option, query, top in (("--text", "a red circle", 3), ("--image", image, 2)):
+        out = tmp_path / f"{option[2:]}.json"
+        assert train_main(["query", "--run", str(run_dir), option, query, "--top", str(top),
+                           "--device", "cpu", "--json", str(out)]) == 0
+        printed = capsys.readouterr().out
+        [record] = json.loads(out.read_text())
+        assert record["query"] == query and len(record["hits"]) == top
+        for hit in record["hits"]:
+            assert hit["path"] in printed and Path(hit["path"]).is_file()
+            if option == "--text":
+                assert len(hit["captions"]) == 2 and all(c in printed for c in hit["captions"])
+            else:
+                assert hit["text"] in printed and hit["captions"] == []
+
+
+def _perturb_checkpoint(run: Path) -> None:
+    """Other weights in the run's best checkpoint (one tensor scaled), under the same name."""
+    from train.run.checkpoint import load_checkpoint, save_checkpoint
+
+    best = run / "checkpoints" / "best.pt"
+    state = load_checkpoint(best)
+    name = next(k for k, v in state["model"].items() if v.is_floating_point() and v.dim() == 2)
+    state["model"][name] = state["model"][name] * 1.5
+    save_checkpoint(best, state)
+
+
+def test_the_cache_is_rebuilt_for_other_weights_another_store_generation_or_damage(
+        run_dir: Path, query_cache: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    """Each is a rebuild equal to a query without the cache; other weights and another generation of the
+    store are expected (no warning), damage is one warning line naming the file."""
+    import shutil
+
+    from features.store.core import FeatureStore
+    from features.store.read import parse_spec
+    from train.retrieval.query_cache import QUERY_CACHE_ENV
+
+    def query(where: Path) -> tuple[list, Calls]:
+        run, calls = _fresh(where, monkeypatch)
+        return run.search(text=["a red circle", "blue"], top=4), calls
+
+    def afresh(where: Path) -> list:
+        monkeypatch.setenv(QUERY_CACHE_ENV, "0")
+        try:
+            return load_run(where, device="cpu").search(text=["a red circle", "blue"], top=4)
+        finally:
+            monkeypatch.setenv(QUERY_CACHE_ENV, str(query_cache))
+
+    copy = tmp_path / "run-copy"
+    shutil.copytree(run_dir, copy)
+    before, _ = query(copy)
+    [file] = query_cache.glob("images-*.npz")
+    _perturb_checkpoint(copy)  # other weights under the same name: embedded again, the file replaced
+    hits, calls = query(copy)
+    assert calls.images >= 1 and calls.features == 1 and hits == afresh(copy) and hits != before
+    assert list(query_cache.glob("images-*.npz")) == [file]
+    hits, calls = query(copy)
+    assert calls.images == 0 and hits == afresh(copy)
+    assert "warning" not in capsys.readouterr().err
+
+    # a store written since (its generation token renewed): embedded again
+    store = FeatureStore(parse_spec(load_run(copy, device="cpu").settings.features)[0], mode="r+")
+    store.set_attrs(complete=True)
+    hits, calls = query(copy)
+    assert calls.images >= 1 and calls.features == 1 and hits == afresh(copy)
+
+    # damage: one warning line naming the file, then a rebuild; the rebuilt file is used without a word
+    for damage, words in ((_edit_embeddings, "does not match its digest"), (_truncate, "")):
+        damage(file)
+        capsys.readouterr()
+        hits, calls = query(copy)
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and str(file) in err and words in err, err
+        assert calls.images >= 1 and hits == afresh(copy)
+        hits, calls = query(copy)
+        assert calls.images == 0 and capsys.readouterr().err == ""
+
+
+def _edit_embeddings(file: Path) -> None:
+    """One value of the cached embeddings changed, the archive otherwise well formed (its CRCs right): what
+    a tool that does not know the format leaves."""
+    import zipfile
+
+    with zipfile.ZipFile(file) as zf:
+        members = {info.filename: zf.read(info) for info in zf.infolist()}
+    data = bytearray(members["embeddings.npy"])
+    data[-3] ^= 0x40
+    members["embeddings.npy"] = bytes(data)
+    with zipfile.ZipFile(file, "w", zipfile.ZIP_STORED) as zf:
+        for name, content in members.items():
+            zf.writestr(name, content)
+
+
+def _truncate(file: Path) -> None:
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])

@@ -109,6 +109,8 @@ class PlainProgress:
         self.postfix = ""
         self.t0 = self.last = time.monotonic()
         self.closed = False
+        #: ``(count, postfix)`` of the last line printed (None: none yet)
+        self.printed: tuple[int, str] | None = None
 
     def __iter__(self) -> Iterator[Any]:
         for item in self.iterable or ():
@@ -131,12 +133,21 @@ class PlainProgress:
         self.postfix = text
 
     def update(self, n: int = 1) -> None:
-        """Advance by ``n``; print a line when ``interval`` seconds passed since the last one."""
+        """Advance by ``n``; print a line when ``interval`` seconds passed since the last one.
+
+        Reaching the total prints nothing: the final line is :meth:`close`'s, so a caller that sets its last
+        postfix after the last update (the trainer adds a step's loss one step late) gets one 100% line, with
+        that postfix, instead of two.
+        """
         self.n += n
         now = time.monotonic()
-        if now - self.last >= self.interval:
+        if now - self.last >= self.interval and not (self.total and self.n >= self.total):
             self.last = now
-            info(self._line(now))
+            self._print(now)
+
+    def _print(self, now: float) -> None:
+        self.printed = (self.n, self.postfix)
+        info(self._line(now))
 
     def _count(self, n: float) -> str:
         if self.unit_scale and n >= 1e4:
@@ -146,8 +157,16 @@ class PlainProgress:
         return f"{int(n):,}"
 
     def _rate(self, rate: float) -> str:
-        """A rate per second: one decimal below 10 (a slow job shows ``0.4``, not ``0``)."""
-        return f"{rate:.1f}" if rate < 10 else self._count(rate)
+        """A rate in the unit that reads: ``12.5 batch/s`` (one decimal below 10), or below one per second
+        the seconds each takes, ``2.50 s/batch``, as tqdm shows them (``0.0 batch/s`` said nothing);
+        ``? batch/s`` before anything is done."""
+        if rate <= 0:
+            return f"? {self.unit}/s"
+        if rate >= 1:
+            return f"{rate:.1f} {self.unit}/s" if rate < 10 else f"{self._count(rate)} {self.unit}/s"
+        seconds = 1 / rate
+        digits = 2 if seconds < 10 else 1 if seconds < 100 else 0
+        return f"{seconds:,.{digits}f} s/{self.unit}"
 
     def _line(self, now: float) -> str:
         elapsed = now - self.t0
@@ -155,24 +174,27 @@ class PlainProgress:
         rate = done / elapsed if elapsed > 0 else 0.0
         parts = [f"{self.desc}: {self._count(self.n)}"]
         if self.total:
-            parts[0] += f"/{self._count(self.total)} {self.unit} ({100 * self.n / self.total:.0f}%)"
+            parts[0] += f"/{self._count(self.total)} {self.unit} ({100 * self.n // self.total}%)"
             eta = (self.total - self.n) / rate if rate > 0 else float("nan")
             eta_text = time.strftime("%H:%M:%S", time.gmtime(eta)) if eta == eta else "?"
-            parts.append(f"{self._rate(rate)} {self.unit}/s, elapsed "
+            parts.append(f"{self._rate(rate)}, elapsed "
                          f"{time.strftime('%H:%M:%S', time.gmtime(elapsed))}, ETA {eta_text}")
         else:
             parts[0] += f" {self.unit}"
-            parts.append(f"{self._rate(rate)} {self.unit}/s")
+            parts.append(self._rate(rate))
         if self.postfix:
             parts.append(self.postfix)
         return ", ".join(parts)
 
     def close(self) -> None:
-        """Print the final line once (when anything happened)."""
+        """Print the final line once, when anything happened and it took a second or a line was printed
+        already (a log that showed 2/3 ends with 3/3); never the line just printed again."""
         if not self.closed:
             self.closed = True
-            if self.n > self.start_n and time.monotonic() - self.t0 >= 1.0:
-                info(self._line(time.monotonic()))
+            now = time.monotonic()
+            if (self.n > self.start_n and (now - self.t0 >= 1.0 or self.printed is not None)
+                    and self.printed != (self.n, self.postfix)):
+                self._print(now)
 
 
 def progress(iterable: Iterable[Any] | None = None, total: int | None = None, desc: str = "",

@@ -4,10 +4,12 @@ The executor knows nothing of images or models: it runs :func:`features.executor
 each :class:`~features.executors.extract.BlockTask` with a mapper taken from a per-process cache, so a
 Dask worker loads the model once and reuses it for every block it is given.
 
-``--scheduler none``: in-process (:mod:`features.executors.in_process`). ``local``: a ``LocalCluster`` of
-``--workers`` processes, one task at a time each (the mapper's torch threads are ``--threads``, set by the
-mapper itself). ``tcp://HOST:PORT``: a running ``dask scheduler`` whose workers see the store's path on a
-shared filesystem (both :mod:`features.executors.dask_cluster`).
+``--scheduler none``: in-process (:mod:`features.executors.in_process`: a reader, the network and a writer
+thread). ``local``: a ``LocalCluster`` of ``--workers`` processes, one task at a time each (the mapper's torch
+threads are ``--threads``, set by the mapper itself; with GPUs, each worker pinned to one). ``tcp://HOST:PORT``:
+a running ``dask scheduler`` whose workers see the store's path on a shared filesystem (both
+:mod:`features.executors.dask_cluster`). Inside a block the mapper runs a few images at a time and the rows
+are committed in pieces (:mod:`features.executors.mapping`, :mod:`features.executors.pieces`).
 
 A worker that dies mid-task is handled by the scheduler: it reschedules the task on another
 worker (up to ``distributed.scheduler.allowed-failures`` times). A rerun block is written again
@@ -18,7 +20,7 @@ neither lost nor duplicated.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from features.executors.dask_cluster import DaskExecutor, open_dask
 from features.executors.in_process import InProcessExecutor
@@ -36,11 +38,18 @@ def check_scheduler(scheduler: str, workers: int = 2) -> None:
 
 
 @contextlib.contextmanager
-def open_executor(scheduler: str = "none", workers: int = 2) -> Iterator[InProcessExecutor | DaskExecutor]:
-    """The executor for ``--scheduler none|local|tcp://HOST:PORT``; closes what it started."""
+def open_executor(scheduler: str = "none", workers: int = 2, devices: Sequence[str] | None = None,
+                  decode_threads: int | None = None, read_ahead: int = 1
+                  ) -> Iterator[InProcessExecutor | DaskExecutor]:
+    """The executor for ``--scheduler none|local|tcp://HOST:PORT``; closes what it started.
+
+    ``devices``: the GPUs the workers of ``local`` are pinned to (one each, round robin; see
+    :func:`features.executors.dask_cluster.pinned_workers`); ``decode_threads`` and ``read_ahead``: the
+    in-process reader's (:class:`InProcessExecutor`).
+    """
     check_scheduler(scheduler, workers)
     if scheduler == "none":
-        yield InProcessExecutor()
+        yield InProcessExecutor(decode_threads, read_ahead)
         return
-    with open_dask(scheduler, workers) as executor:
+    with open_dask(scheduler, workers, devices if scheduler == "local" else None) as executor:
         yield executor

@@ -1,5 +1,7 @@
 """The Dask executor: one task per block on a ``distributed`` cluster, a ``LocalCluster`` of ``--workers``
 processes or a running ``dask scheduler`` (``tcp://HOST:PORT``) whose workers share the store's filesystem.
+On a machine with GPUs, the local workers are pinned one per device (several share a device when there are
+more workers than devices): ``CUDA_VISIBLE_DEVICES`` and a ``GPU`` resource each.
 
 A worker loads the mapper once (:func:`features.executors.extract.cached_mapper`) and reuses it for every
 block it is given. A worker that dies mid-task is handled by the scheduler, which reschedules the task on
@@ -11,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from features.executors.extract import BlockResult, BlockTask, MapperFactory, compute_block
@@ -19,25 +21,68 @@ from vsecore.errors import UserError
 
 
 class DaskExecutor:
-    """One Dask task per block on a ``distributed`` client (a local or a remote cluster)."""
+    """One Dask task per block on a ``distributed`` client (a local or a remote cluster).
+
+    When the cluster's workers hold a ``GPU`` resource (one worker per device: :func:`open_dask`'s
+    ``devices``, or ``dask worker --resources GPU=1`` pinned with ``CUDA_VISIBLE_DEVICES``), every task asks
+    for one, so a worker runs one block at a time on its own device.
+    """
 
     def __init__(self, client: Any) -> None:
         self.client = client
 
-    def run(self, tasks: Sequence[BlockTask], factory: MapperFactory) -> Iterator[BlockResult]:
-        """Submit every block, yield results as they complete; the first error cancels the rest."""
+    def resources(self) -> dict[str, int] | None:
+        """``{"GPU": 1}`` when a worker of the cluster holds a ``GPU`` resource, else None."""
+        workers = self.client.scheduler_info().get("workers", {})
+        return {GPU: 1} if any(GPU in (w.get("resources") or {}) for w in workers.values()) else None
+
+    def run(self, tasks: Sequence[BlockTask], factory: MapperFactory,
+            progress: Callable[[int], Any] | None = None) -> Iterator[BlockResult]:
+        """Submit every block, yield results as they complete (each block's images to ``progress``); the
+        first error cancels the rest."""
         from distributed import as_completed
 
         run_id = uuid.uuid4().hex[:8]
-        futures = [self.client.submit(compute_block, task, factory, pure=False,
+        resources = self.resources()
+        futures = [self.client.submit(compute_block, task, factory, pure=False, resources=resources,
                                       key=f"features-block-{task.block}-{run_id}")
                    for task in tasks]
         try:
             for future in as_completed(futures):
-                yield future.result()
+                result = future.result()
+                if progress is not None:
+                    progress(result.rows)
+                yield result
         finally:
             # On an error (or Ctrl-C) stop the blocks still queued; finished blocks stay flagged.
             self.client.cancel([f for f in futures if not f.done()])
+
+
+#: the resource a worker pinned to one device holds (one per worker), and every task then asks for
+GPU = "GPU"
+
+
+def pinned_workers(workers: int, devices: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The worker specs of a local cluster with devices: worker ``i`` sees only device ``devices[i mod
+    len(devices)]`` (``CUDA_VISIBLE_DEVICES``; several workers may share one) and holds one ``GPU``
+    resource. One worker process each, one thread."""
+    from distributed import Nanny
+
+    return {f"features-{i}-device-{devices[i % len(devices)]}": {
+        "cls": Nanny, "options": {"nthreads": 1, "resources": {GPU: 1},
+                                  "env": {"CUDA_VISIBLE_DEVICES": str(devices[i % len(devices)])}}}
+        for i in range(workers)}
+
+
+def _local_cluster(workers: int, devices: Sequence[str] | None) -> Any:
+    """A ``LocalCluster`` of ``workers`` processes (one thread each), or with ``devices`` a cluster of
+    workers pinned to them (:func:`pinned_workers`)."""
+    from distributed import LocalCluster, Scheduler, SpecCluster
+
+    if not devices:
+        return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+    scheduler = {"cls": Scheduler, "options": {"dashboard_address": None}}
+    return SpecCluster(workers=pinned_workers(workers, devices), scheduler=scheduler)
 
 
 @contextlib.contextmanager
@@ -141,11 +186,11 @@ def _without_interrupted_sync_noise() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def open_dask(scheduler: str, workers: int) -> Iterator[DaskExecutor]:
-    """A :class:`DaskExecutor` on a ``LocalCluster`` (``local``) or on the scheduler at ``scheduler``;
-    closes what it started."""
+def open_dask(scheduler: str, workers: int, devices: Sequence[str] | None = None) -> Iterator[DaskExecutor]:
+    """A :class:`DaskExecutor` on a ``LocalCluster`` (``local``; with ``devices``, each worker pinned to one
+    of them, :func:`pinned_workers`) or on the scheduler at ``scheduler``; closes what it started."""
     try:
-        from distributed import Client, LocalCluster
+        from distributed import Client
     except ImportError:
         raise UserError(f"--scheduler {scheduler} runs blocks on a Dask cluster, and Dask is not installed "
                         "(install the extra: pip install 'vse-toolkit[dask]')") from None
@@ -153,8 +198,7 @@ def open_dask(scheduler: str, workers: int) -> Iterator[DaskExecutor]:
         # Processes, not threads: each worker holds its own model and the GIL is not shared. One
         # task at a time per worker: torch's thread count is per process, set by the mapper.
         with _quiet_children():
-            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                   dashboard_address=None)
+            cluster = _local_cluster(workers, devices)
         with _without_interrupted_sync_noise():
             try:
                 with Client(cluster) as client:

@@ -1,13 +1,14 @@
 """The 10-crop mapper of ``features cnn`` and ``features fne``: a list of images in, a block of feature rows
 out.
 
-``ImageMapper(backbone, kind="global"|"fne", crops=10|1, batch_size, device, amp)`` builds each image's
-crops (:mod:`features.extractors.crops`: the host resizes it and sends its 8-bit pixels; the device normalises
-them and cuts the crops), runs the network over the crops in batches of ``batch_size`` crops under
+``ImageMapper(backbone, kind="global"|"fne", crops=10|1, batch_size, device, amp, decoder)`` builds each
+image's crops (:mod:`features.extractors.crops`: the host resizes it and sends its 8-bit pixels; the device
+normalises them and cuts the crops; with ``decoder="torchvision"`` the device decodes and resizes JPEGs
+itself, :mod:`features.extractors.decode`), runs the network over the crops under
 ``torch.inference_mode()``, and averages each image's crop features after the layer's non-linearity
-(fc7's ReLU for VGG; every activation for the FNE, :mod:`features.extractors.full_network`). The
-executor outside (in-process or a Dask worker) builds it once from a plain config
-(:meth:`ImageMapper.from_config`).
+(fc7's ReLU for VGG; every activation for the FNE, :mod:`features.extractors.full_network`). ``batch_size``
+counts images (:func:`features.extractors.mapper.pass_sizes`). The executor outside (in-process or a Dask
+worker) builds it once from a plain config (:meth:`ImageMapper.from_config`).
 """
 
 from __future__ import annotations
@@ -18,14 +19,29 @@ import numpy as np
 import torch
 from PIL import Image
 
+from features.executors.block import MAPPER_FAILURES
 from features.extractors.backbones import Backbone, load_backbone
 from features.extractors.crops import normalization_table, pixel_crops, resized_pixels
+from features.extractors.decode import (
+    DECODERS,
+    DEVICE_INTERPOLATION,
+    EncodedImage,
+    decode_jpegs,
+    device_decoder,
+    read_encoded,
+    resize_on_device,
+)
 from features.extractors.full_network import FullNetworkRecorder
+from features.extractors.images import ImageError, load_image
 from features.extractors.mapper import (
     PreparedImage,
     check_extractor_config,
     check_pass_options,
+    device_input,
+    pass_sizes,
     pinned_threads,
+    pixels_to,
+    place_model,
     prepared,
 )
 from vsecore.device import autocast, resolve_device, uses_amp
@@ -41,12 +57,13 @@ class ImageMapper:
     ``mapper(images)`` returns ``{name: np.ndarray (len(images), width) float32}`` in the images' order.
 
     Determinism: on CPU the same image gives a bit-identical row whatever other images share the call: each
-    image's crops run as their own forward passes (chunks of at most ``batch_size`` crops). Changing
-    ``batch_size`` below the crop count can change rows in the last bits (different kernel shapes). On CUDA
-    whole images are packed into batches of about ``batch_size`` crops, and rows may differ in the last bits
-    with the grouping. CPU kernels also sum in an order that depends on torch's intra-op thread count, so
-    ``threads`` (when given) is set for every call and restored after it: mappers with equal ``threads``
-    give bit-identical rows in any process (the driver, or a Dask worker whose environment says 1).
+    image's crops run as one forward pass of their own (``batch_size`` is then the images of one call). On
+    CUDA ``batch_size`` whole images (``crops`` each) make one pass, in ``channels_last`` with cuDNN's
+    benchmark mode, and rows may differ in the last bits with the grouping. CPU kernels also sum in an order
+    that depends on torch's intra-op thread count, so ``threads`` (when given) is set for every call and
+    restored after it: mappers with equal ``threads`` give bit-identical rows in any process (the driver, or a
+    Dask worker whose environment says 1). ``decoder``: ``pil`` (the host decodes and resizes) or
+    ``torchvision`` (JPEGs decoded and resized on ``device``; other pixels, so other rows).
     """
 
     def __init__(
@@ -54,10 +71,11 @@ class ImageMapper:
         backbone: Backbone,
         kind: str = "global",
         crops: int = 10,
-        batch_size: int = 32,
+        batch_size: int | None = None,
         device: str | torch.device | None = "cpu",
         amp: bool = False,
         threads: int | None = None,
+        decoder: str = "pil",
     ) -> None:
         if kind not in KINDS:
             raise UserError(f"unknown feature kind {kind!r}: use one of {', '.join(KINDS)}")
@@ -70,12 +88,10 @@ class ImageMapper:
         self.crops = crops
         self.batch_size = batch_size
         self.device = resolve_device(device)
-        # CPU kernels round differently for different batch shapes (VGG: up to 3e-7), so on CPU each image's
-        # crops go through alone and a row never depends on the other images of a call; on CUDA whole
-        # images are packed into batches of up to batch_size crops for throughput.
-        self.images_per_pass = max(1, batch_size // crops) if self.device.type == "cuda" else 1
+        self.decoder = check_decoder(decoder, backbone)
+        self.images_per_pass, self.images_per_call = pass_sizes(batch_size, self.device)
         self.amp = uses_amp(self.device, amp)
-        self.model = backbone.model.to(self.device).eval()
+        self.model = place_model(backbone.model, self.device)
         self._table = normalization_table(backbone.mean, backbone.std, self.device)
         self._build_kw: dict[str, Any] = {}
         self._layers = self._probe_layers()
@@ -101,10 +117,11 @@ class ImageMapper:
             backbone,
             kind=config.get("kind", "global"),
             crops=int(config.get("crops", 10)),
-            batch_size=int(config.get("batch_size", 32)),
+            batch_size=config.get("batch_size"),
             device=config.get("device", "cpu"),
             amp=bool(config.get("amp", False)),
             threads=config.get("threads"),
+            decoder=str(config.get("decoder") or "pil"),
         )
         mapper._build_kw = {
             "allow_download": bool(config.get("allow_download", False)),
@@ -130,6 +147,7 @@ class ImageMapper:
             "input_size": b.input_size,
             "resize": b.resize,
             "threads": self.threads,
+            "decoder": self.decoder,
         }
 
     @property
@@ -155,6 +173,7 @@ class ImageMapper:
             "outputs": dict(self.outputs),
             "layers": [{"name": n, "width": w} for n, w in self._layers],
             "amp": self.amp,
+            "decoder": device_decoder(self.decoder, self.device) or "pil",
             "torch": torch.__version__,
             "torchvision": torchvision.__version__,
             "timm": timm.__version__,
@@ -171,7 +190,8 @@ class ImageMapper:
         return layers
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(n, 3, S, S) crops -> (n, width) float32 features."""
+        """(n, 3, S, S) crops -> (n, width) features, float32 (on the mapper's device)."""
+        x = device_input(x)
         with autocast(self.device, self.amp):
             if self.kind == "global":
                 return self.model(x).float()
@@ -196,27 +216,76 @@ class ImageMapper:
         b = self.backbone
         return PreparedImage(resized_pixels(img, b.resize, b.interpolation), img.size, self.recipe)
 
-    def __call__(self, images: list[Image.Image | PreparedImage]) -> dict[str, np.ndarray]:
-        """``images`` (RGB PIL images, see :func:`features.extractors.images.load_image`, or their
-        :meth:`prepare`) -> ``{name: (len(images), width) float32}``, each row the mean over the image's
-        crops."""
+    def load(self, path: str, resize: int | None = None) -> PreparedImage | EncodedImage:
+        """An image file as the decode threads read it (thread-safe): with the PIL decoder decoded and
+        prepared (:meth:`prepare`); with ``torchvision`` a JPEG's checked bytes, decoded later on the device
+        (:func:`features.extractors.decode.read_encoded`; another format by PIL). Raises
+        :class:`~features.extractors.images.ImageError` for an unusable file."""
+        if self.decoder != "pil":
+            encoded = read_encoded(path, resize=resize)
+            if encoded is not None:
+                return encoded
+        return self.prepare(load_image(path, resize=resize))
+
+    def __call__(self, images: list[Image.Image | PreparedImage | EncodedImage]) -> dict[str, Any]:
+        """``images`` (RGB PIL images, see :func:`features.extractors.images.load_image`, their
+        :meth:`prepare` or :meth:`load`) -> ``{name: (len(images), width) float32}``, each row the mean over
+        the image's crops; images that turn out unusable (a JPEG no decoder reads) are listed under
+        :data:`~features.executors.block.MAPPER_FAILURES`, their rows NaN."""
         with pinned_threads(self.threads):
             return self._map(images)
 
-    def _map(self, images: list[Image.Image | PreparedImage]) -> dict[str, np.ndarray]:
+    def _map(self, images: list[Image.Image | PreparedImage | EncodedImage]) -> dict[str, Any]:
         (name, width), = self.outputs.items()
-        out = np.empty((len(images), width), dtype=np.float32)
         b = self.backbone
+        rows, failed = [], []
         with torch.inference_mode():
             for start in range(0, len(images), self.images_per_pass):
-                group = images[start : start + self.images_per_pass]
-                # the host resizes (prepare); the 8-bit pixels (0.26 MB for a 341 x 256 image, against 6.0 MB
-                # of ten float32 crops) go to the device, which normalises them and cuts the crops
-                pixels = [prepared(self, img).pixels.to(self.device, non_blocking=True) for img in group]
+                pixels, bad = self._pixels(images[start : start + self.images_per_pass])
+                failed += [(start + k, reason) for k, reason in bad]
+                if not pixels:
+                    continue
                 crops = torch.cat([pixel_crops(p, self._table, b.input_size, self.crops) for p in pixels])
-                feats = []
-                for c0 in range(0, crops.shape[0], self.batch_size):
-                    feats.append(self._forward(crops[c0 : c0 + self.batch_size]))
-                per_crop = torch.cat(feats).view(len(group), self.crops, width)
-                out[start : start + len(group)] = per_crop.mean(dim=1).cpu().numpy()
-        return {name: out}
+                per_crop = self._forward(crops).view(len(pixels), self.crops, width)
+                rows.append(per_crop.mean(dim=1))
+            # one copy back (and one wait for the device) per call, not per pass
+            out = torch.cat(rows).cpu().numpy() if rows else np.empty((0, width), np.float32)
+        result: dict[str, Any] = {name: out}
+        if failed:
+            result[name] = out = np.insert(out, [k - i for i, (k, _) in enumerate(failed)], np.nan, axis=0)
+            result[MAPPER_FAILURES] = failed
+        return result
+
+    def _pixels(self, group: list[Any]) -> tuple[list[torch.Tensor], list[tuple[int, str]]]:
+        """A pass's images -> their resized 8-bit pixels ``(H, W, 3)`` on the device (the host's sent in one
+        copy, JPEGs decoded there in one call) and the images no decoder could use ``[(index, reason)]``."""
+        items: list[Any] = [g if isinstance(g, EncodedImage) else prepared(self, g).pixels for g in group]
+        host = [k for k, item in enumerate(items) if not isinstance(item, EncodedImage)]
+        for k, on_device in zip(host, pixels_to(self.device, [items[k] for k in host]), strict=True):
+            items[k] = on_device
+        encoded = [k for k, item in enumerate(items) if isinstance(item, EncodedImage)]
+        decoded = decode_jpegs([items[k] for k in encoded], self.device) if encoded else []
+        bad = []
+        b = self.backbone
+        for k, image in zip(encoded, decoded, strict=True):
+            if image is not None:
+                items[k] = resize_on_device(image, b.resize, b.interpolation)
+                continue
+            try:  # a JPEG the device decoder refuses (CMYK, arithmetic coding): PIL, as with --decoder pil
+                items[k] = self.prepare(load_image(items[k].path, resize=b.resize)).pixels.to(self.device)
+            except ImageError as exc:
+                bad.append((k, str(exc.reason)))
+        return [items[k] for k in range(len(items)) if k not in {i for i, _ in bad}], bad
+
+
+def check_decoder(decoder: str, backbone: Backbone) -> str:
+    """``decoder`` (``pil``, ``torchvision``, or a store's record of it: ``torchvision-cuda|cpu``) as the
+    mapper runs it: ``pil`` or ``torchvision`` (a one-line error for another, or for a network whose resize
+    the device cannot do)."""
+    name = "torchvision" if str(decoder).startswith("torchvision") else str(decoder)
+    if name not in DECODERS:
+        raise UserError(f"--decoder {decoder!r}: use one of {', '.join(DECODERS)}")
+    if name != "pil" and backbone.interpolation not in DEVICE_INTERPOLATION:
+        raise UserError(f"--decoder {decoder}: {backbone.name} resizes with {backbone.interpolation}, which "
+                        "the device resize does not have (use --decoder pil)")
+    return name

@@ -243,6 +243,9 @@ class DetectorRegionMapper:
         return (feats.cpu()[keep].numpy(), boxes.numpy().astype(np.float32),
                 scores.cpu()[keep].numpy().astype(np.float32))
 
+    #: images the block runner hands over at a time (each goes through the detector alone anyway)
+    images_per_call = 1
+
     def __call__(self, images: list[Image.Image]) -> dict[str, np.ndarray]:
         """RGB PIL images -> ``{regions (B, k, D), boxes (B, k, 4), counts (B,), image_size (B, 2)}``;
         an image with ``n < k`` regions has zero rows ``n..k-1``."""

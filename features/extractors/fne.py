@@ -16,6 +16,7 @@ from pydantic import Field
 from features.extractors.cnn import (
     BATCH_HELP,
     CNN_HELP,
+    DECODER_HINT,
     CnnConfig,
     check_crops,
     crop_mapper,
@@ -66,5 +67,6 @@ EXTRACTOR = Extractor(
                 "{-1, 0, 1}.",
     config=FneConfig, recipe=crops_recipe, build=build_fne, keys=("fne", "fne_raw"), record=fne_record,
     check=check_fne, finish=finish_fne_store, option_help=BATCH_HELP,
-    hints={"thresholds": "use `features fne --rethreshold` to change only the thresholds, or --overwrite"},
+    hints={"thresholds": "use `features fne --rethreshold` to change only the thresholds, or --overwrite",
+           **DECODER_HINT},
     flags={"--rethreshold": "only recompute fne/ternary of the finished store --out with the thresholds"})

@@ -70,7 +70,9 @@ class FullNetworkRecorder:
     def _hook(self, name: str) -> Callable[..., None]:
         def hook(module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
             if output.dim() == 4:
-                pooled = output.float().mean(dim=(2, 3))
+                # averaged in the activation's own dtype with float32 accumulation: a bf16 activation is never
+                # copied whole to float32 (on float32 ones, the same bits as before)
+                pooled = torch.mean(output, dim=(2, 3), dtype=torch.float32)
             elif output.dim() == 2:
                 pooled = output.float()
             else:

@@ -60,5 +60,5 @@ EXTRACTOR = Extractor(
                 "image's real regions), their boxes in pixels, their count, and the image size.",
     config=GridConfig, recipe=grid_recipe, build=build_grid, keys=("regions",), selector="detector",
     record=region_record, check=check_regions, queryable=False,
-    option_help={"batch_size": "images per forward pass on CUDA (on the CPU every image runs alone); "
-                               "default 32"})
+    option_help={"batch_size": "images per forward pass on CUDA (default 32); on the CPU every image runs "
+                               "alone and N images are mapped between two progress updates (default 1)"})

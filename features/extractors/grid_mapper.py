@@ -30,7 +30,11 @@ from features.extractors.mapper import (
     PreparedImage,
     check_extractor_config,
     check_pass_options,
+    device_input,
+    pass_sizes,
     pinned_threads,
+    pixels_to,
+    place_model,
     prepared,
 )
 from features.extractors.regions import REGION_DTYPES, empty_region_rows, region_outputs
@@ -73,7 +77,8 @@ class GridRegionMapper:
     Args:
         backbone: from :func:`features.extractors.backbones.load_backbone` (its ``input_size`` is the side
             ``S`` the whole image is resized to).
-        batch_size: images per forward pass on CUDA (on CPU one image per pass, see the module docstring).
+        batch_size: images per forward pass on CUDA (on CPU one image per pass, see the module docstring;
+            there the images of one call), :func:`features.extractors.mapper.pass_sizes`.
         device: ``"cpu"``, ``"cuda"`` or ``"auto"``.
         amp: bfloat16 autocast on CUDA.
         threads: torch threads of every call (``None``: unchanged), see
@@ -82,16 +87,17 @@ class GridRegionMapper:
 
     detector = "grid"
 
-    def __init__(self, backbone: Backbone, batch_size: int = 32, device: str | torch.device | None = "cpu",
-                 amp: bool = False, threads: int | None = None) -> None:
+    def __init__(self, backbone: Backbone, batch_size: int | None = None,
+                 device: str | torch.device | None = "cpu", amp: bool = False,
+                 threads: int | None = None) -> None:
         check_pass_options(batch_size, threads)
         self.threads = threads
         self.backbone = backbone
         self.batch_size = batch_size
         self.device = resolve_device(device)
         self.amp = uses_amp(self.device, amp)
-        self.images_per_pass = batch_size if self.device.type == "cuda" else 1
-        self.model = backbone.model.to(self.device).eval()
+        self.images_per_pass, self.images_per_call = pass_sizes(batch_size, self.device)
+        self.model = place_model(backbone.model, self.device)
         self._table = normalization_table(backbone.mean, backbone.std, self.device)
         self._build_kw: dict[str, Any] = {}
         size = backbone.input_size
@@ -109,7 +115,7 @@ class GridRegionMapper:
         backbone = load_backbone(config["cnn"], config.get("weights", "imagenet"),
                                  bool(config.get("allow_download", False)),
                                  input_size=config.get("input_size"), seed=int(config.get("seed", 0)))
-        mapper = cls(backbone, batch_size=int(config.get("batch_size", 32)),
+        mapper = cls(backbone, batch_size=config.get("batch_size"),
                      device=config.get("device", "cpu"), amp=bool(config.get("amp", False)),
                      threads=config.get("threads"))
         mapper._build_kw = {"allow_download": bool(config.get("allow_download", False)),
@@ -177,8 +183,8 @@ class GridRegionMapper:
         with torch.inference_mode():
             for start in range(0, len(items), self.images_per_pass):
                 group = items[start : start + self.images_per_pass]
-                pixels = torch.stack([item.pixels for item in group]).to(self.device, non_blocking=True)
-                x = normalize_pixels(pixels, self._table)
+                pixels = torch.stack(pixels_to(self.device, [item.pixels for item in group]))
+                x = device_input(normalize_pixels(pixels, self._table))
                 with autocast(self.device, self.amp):
                     fmap = feature_map(self.backbone, x)
                 # (B, C, h, w) -> (B, h * w, C): region i * w + j is cell (i, j)

@@ -32,6 +32,8 @@ network's scale (``resize``: the shorter side the features resize to) would exce
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -130,20 +132,37 @@ def load_image(
     """
     path = Path(path)
     _check_file(path)
+    with _image_errors(path), Image.open(path) as img:
+        _check_header(img, path, max_pixels, resize, max_aspect, max_resized_pixels)
+        _reduce_while_decoding(img, large_side)
+        img.load()
+        img = _reduce_after_decoding(img, large_side)
+        img = ImageOps.exif_transpose(img)
+        rgb = to_rgb(img)
+    if rgb.width < 1 or rgb.height < 1:
+        raise ImageError("image has no pixels", path)
+    return rgb
+
+
+def image_header(path: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS, resize: int | None = None,
+                 max_aspect: float = DEFAULT_MAX_ASPECT, max_resized_pixels: int = DEFAULT_MAX_RESIZED_PIXELS
+                 ) -> tuple[str | None, tuple[int, int], int]:
+    """``(format, (width, height), EXIF orientation 1..8)`` of the image file ``path``, read from its header
+    alone, with the checks :func:`load_image` makes before decoding (file, pixel count, work bound): the
+    same :class:`ImageError` for a file it would refuse before decoding."""
+    path = Path(path)
+    _check_file(path)
+    with _image_errors(path), Image.open(path) as img:
+        _check_header(img, path, max_pixels, resize, max_aspect, max_resized_pixels)
+        orientation = img.getexif().get(0x0112, 1) if img.format == "JPEG" else 1
+        return img.format, img.size, orientation if orientation in range(1, 9) else 1
+
+
+@contextlib.contextmanager
+def _image_errors(path: Path) -> Iterator[None]:
+    """Turn what PIL raises on a bad file into one :class:`ImageError` naming ``path``."""
     try:
-        with Image.open(path) as img:
-            width, height = img.size
-            if width * height > max_pixels:
-                reason = f"decompression bomb: {width}x{height} = {width * height} pixels > {max_pixels}"
-                raise ImageError(reason, path)
-            too_much = check_work(width, height, resize, max_aspect, max_resized_pixels)
-            if too_much:
-                raise ImageError(too_much, path)
-            _reduce_while_decoding(img, large_side)
-            img.load()
-            img = _reduce_after_decoding(img, large_side)
-            img = ImageOps.exif_transpose(img)
-            rgb = to_rgb(img)
+        yield
     except ImageError:
         raise
     except Image.DecompressionBombError as exc:
@@ -152,9 +171,18 @@ def load_image(
         raise ImageError("not a recognised image file", path) from exc
     except (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError) as exc:
         raise _decode_error(exc, path) from exc
-    if rgb.width < 1 or rgb.height < 1:
-        raise ImageError("image has no pixels", path)
-    return rgb
+
+
+def _check_header(img: Image.Image, path: Path, max_pixels: int, resize: int | None, max_aspect: float,
+                  max_resized_pixels: int) -> None:
+    """The checks made from the header before any decoding: the pixel count and the work bound."""
+    width, height = img.size
+    if width * height > max_pixels:
+        reason = f"decompression bomb: {width}x{height} = {width * height} pixels > {max_pixels}"
+        raise ImageError(reason, path)
+    too_much = check_work(width, height, resize, max_aspect, max_resized_pixels)
+    if too_much:
+        raise ImageError(too_much, path)
 
 
 def _check_file(path: Path) -> None:

@@ -61,9 +61,9 @@ def prepared(mapper: Any, item: Image.Image | PreparedImage) -> PreparedImage:
     return item
 
 
-def check_pass_options(batch_size: int, threads: int | None) -> None:
+def check_pass_options(batch_size: int | None, threads: int | None) -> None:
     """One-line errors for a mapper's ``--batch-size`` below 1 and ``--threads`` below 1 (every mapper's)."""
-    if batch_size < 1:
+    if batch_size is not None and batch_size < 1:
         raise UserError(f"--batch-size must be at least 1, not {batch_size}")
     if threads is not None and threads < 1:
         raise UserError(f"--threads must be at least 1, not {threads}")
@@ -96,3 +96,49 @@ def _shown(value: Any) -> str:
     if isinstance(value, int) and value.bit_length() > 128:
         return f"(an integer of {value.bit_length()} bits)"
     return repr(value)[:40]
+
+
+#: images per forward pass on CUDA when ``--batch-size`` is not given (10-crop VGG19: 320 crops a pass)
+CUDA_IMAGES_PER_PASS = 32
+#: forward passes per call of a mapper on CUDA: one device synchronisation (the rows copied back) per call
+PASSES_PER_CALL = 4
+
+
+def pass_sizes(batch_size: int | None, device: torch.device) -> tuple[int, int]:
+    """``(images per forward pass, images per call)`` of a mapper with ``--batch-size`` ``batch_size`` on
+    ``device``. On CUDA a pass holds ``batch_size`` images (default :data:`CUDA_IMAGES_PER_PASS`) and a call
+    :data:`PASSES_PER_CALL` passes. On the CPU every image is its own pass (CPU kernels round differently
+    for other batch shapes, so a row never depends on its neighbours) and a call maps ``batch_size`` images
+    (default 1): the block runner reports progress, and keeps rows on an interrupt, a call at a time."""
+    if device.type == "cuda":
+        per_pass = batch_size or CUDA_IMAGES_PER_PASS
+        return per_pass, per_pass * PASSES_PER_CALL
+    return 1, batch_size or 1
+
+
+def place_model(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``model`` in eval mode on ``device``: on CUDA in ``channels_last`` memory format with cuDNN's
+    benchmark mode (the fastest convolution kernels for the shapes met, chosen on first use); on the CPU
+    in the default (contiguous) format, whose kernels the CPU rows were always computed with."""
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+        return model.to(device, memory_format=torch.channels_last).eval()
+    return model.to(device, memory_format=torch.contiguous_format).eval()
+
+
+def device_input(x: torch.Tensor) -> torch.Tensor:
+    """A network input ``(B, 3, S, S)`` in the memory format of :func:`place_model` (``channels_last`` on
+    CUDA)."""
+    return x.contiguous(memory_format=torch.channels_last) if x.is_cuda else x
+
+
+def pixels_to(device: torch.device, pixels: list[torch.Tensor]) -> list[torch.Tensor]:
+    """8-bit pixel tensors (on the CPU, any shapes) on ``device``: on CUDA packed into one pinned buffer and
+    sent in one asynchronous copy (the host goes on while it runs); on the CPU as they are."""
+    if device.type != "cuda" or not pixels:
+        return [p.to(device) for p in pixels]
+    sizes = [p.numel() for p in pixels]
+    staging = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=True)
+    torch.cat([p.reshape(-1) for p in pixels], out=staging)
+    flat = staging.to(device, non_blocking=True)
+    return [part.view(p.shape) for part, p in zip(flat.split(sizes), pixels, strict=True)]

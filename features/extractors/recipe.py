@@ -31,7 +31,7 @@ STORE_KEYS = ("weights_sha256", "block_size", "images_sha256", "dataset_sha256",
               "thresholds")
 
 
-def mapper_config(recorded: Mapping[str, Any], *, device: str = "cpu", batch_size: int = 32,
+def mapper_config(recorded: Mapping[str, Any], *, device: str = "cpu", batch_size: int | None = None,
                   threads: int | None = None, allow_download: bool = False) -> dict[str, Any]:
     """The plain mapper config of a store's recorded ``config`` (or of an extractor's recipe).
 
@@ -48,9 +48,11 @@ def rows_description(recorded: Mapping[str, Any]) -> dict[str, Any]:
     """What the rows of a store whose recorded ``config`` this is mean: the extractor and every setting its
     mapper is rebuilt from (:func:`mapper_config`), the weights' SHA-256 and the row shapes; two stores whose
     descriptions are equal hold rows of one space (another collection searched with a run's model). ``amp``
-    is left out, as such stores were always compared: bf16 changes the rows' rounding, not their space."""
+    and ``decoder`` are left out, as such stores were always compared: bf16 and another JPEG decoder change
+    the rows' rounding, not their space."""
     described = {k: v for k, v in recorded.items() if k not in STORE_KEYS and k not in SPEED_KEYS}
     described.pop("amp", None)
+    described.pop("decoder", None)
     return {**described, "weights_sha256": recorded.get("weights_sha256"), "outputs": recorded.get("outputs")}
 
 
@@ -96,7 +98,7 @@ class ImageMapperFactory:
         return cls(json.dumps(config, sort_keys=True))
 
     @classmethod
-    def from_store(cls, recorded: Mapping[str, Any], device: str = "cpu", batch_size: int = 32,
+    def from_store(cls, recorded: Mapping[str, Any], device: str = "cpu", batch_size: int | None = None,
                    threads: int | None = None) -> ImageMapperFactory:
         """The recipe of the mapper that made a store, from its recorded ``config``."""
         config = mapper_config(recorded, device=device, batch_size=batch_size, threads=threads)

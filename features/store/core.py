@@ -371,20 +371,22 @@ class FeatureStore(ConsistentReads):
 
     # -- writing -----------------------------------------------------------------------------------
     def write_block(self, block: int, arrays: Mapping[str, np.ndarray], valid: np.ndarray,
-                    failures: list[dict[str, Any]]) -> None:
+                    failures: list[dict[str, Any]], first: int = 0) -> None:
         """Write one block's rows, validity and failures, then set its completion flag.
 
         ``arrays``: name -> ``(rows, *row_shape)`` (see :meth:`empty_rows`), NaN (integer arrays: 0)
-        where ``valid`` is False, cast to the array's dtype. The flag is written last: a run killed
-        before it recomputes the whole block on resume.
+        where ``valid`` is False, cast to the array's dtype; with ``first``, only the rows from the block's
+        row ``first`` on (the earlier ones were written in pieces, :mod:`features.executors.pieces`). The
+        flag is written last: a run killed before it recomputes the whole block on resume.
         """
         start, stop = self.block_rows(block)
         self.check_chunk_places(block, [*arrays, "valid", "failures", "blocks_done"])
         for name, values in arrays.items():
-            if values.shape[0] != stop - start:
-                raise ValueError(f"block {block}: {name} has {values.shape[0]} rows, expected {stop - start}")
+            if values.shape[0] != stop - start - first:
+                raise ValueError(f"block {block}: {name} has {values.shape[0]} rows, expected "
+                                 f"{stop - start - first}")
             arr = self.array(name)
-            arr[start:stop] = np.asarray(values, dtype=arr.dtype)
+            arr[start + first : stop] = np.asarray(values, dtype=arr.dtype)
         self.array("valid")[start:stop] = np.asarray(valid, dtype=bool)
         self.array("failures")[block] = json.dumps(failures) if failures else ""
         self.array("blocks_done")[block] = True
@@ -453,7 +455,7 @@ class FeatureStore(ConsistentReads):
 
 #: the arrays a store may hold besides its outputs (FNE's derived ones, and their names mid ``--rethreshold``)
 STORE_ARRAYS = ("imgid", "valid", "blocks_done", "failures", "fne/mean", "fne/std", TERNARY, TERNARY_NEW,
-                TERNARY_OLD)
+                TERNARY_OLD, "rows_done")  # rows_done: an unfinished run's pieces (features.executors.pieces)
 #: the file :func:`features.run.probe_writable` creates in a store (a killed run may leave it)
 _PROBE = re.compile(r"\.write-probe-\d+")
 

@@ -322,7 +322,7 @@ def layout_digest(spec: str) -> str:
     """SHA-256 of how the array ``STORE[:key]`` lays out its rows: its ``zarr.json`` fields
     :data:`LAYOUT_FIELDS` (data type, shape, chunking, codecs, fill value), canonically serialised.
 
-    A run records it beside :func:`train.run.config.features_fingerprint` (which samples row bytes):
+    A run records it beside :func:`train.config.run.features_fingerprint` (which samples row bytes):
     the same bytes under another data type, shape or codec are other features. Called beside a read of
     the same store (whose open checked its record), so only that one small file is read here, bounded as
     every array record is; the store is opened only for a ternary array caught mid ``--rethreshold``.

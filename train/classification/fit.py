@@ -35,17 +35,17 @@ from train.classification.model import (
     labelled_texts,
     with_training_noise,
 )
-from train.engine.codecs import TextCodec
-from train.engine.settings import DRY_RUN_ALPHABET, ClassifySection
-from train.engine.trainer import Trainer
-from train.models.classifier import encoder_spec
-from train.run.checkpoint import remove_stale_temporaries
-from train.run.config import (
+from train.config.run import (
     check_same_config,
     prepare_run_dir,
     run_log,
     write_config,
 )
+from train.engine.codecs import TextCodec
+from train.engine.settings import DRY_RUN_ALPHABET, ClassifySection
+from train.engine.trainer import Trainer
+from train.models.classifier import encoder_spec
+from train.run.checkpoint import remove_stale_temporaries
 from train.run.layout import RunDir
 from vsecore import console
 from vsecore.device import resolve_device
@@ -64,6 +64,7 @@ class ClassificationTrainer(Trainer):
     written to ``metrics.jsonl`` as ``val_accuracy`` / ``best_val_accuracy``."""
 
     score_label = "val accuracy"
+    items = "texts"
 
     def __init__(self, *args: Any, labels: Sequence[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -168,7 +169,7 @@ def _train(settings: ClassifySection, run_dir: Path, resume: bool, log: Callable
     t0 = time.perf_counter()
     trainer.fit()
     log(f"training done in {time.perf_counter() - t0:.0f}s: best val accuracy {trainer.best_rsum:.2f}% "
-        f"after {trainer.epoch} epochs; run directory {run_dir}")
+        f"after {trainer.epoch} epoch{'' if trainer.epoch == 1 else 's'}; run directory {run_dir}")
     del trainer
     if not RunDir(run_dir).best.is_file():
         log("no best checkpoint (no epoch finished); test evaluation skipped")

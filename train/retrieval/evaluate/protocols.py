@@ -40,6 +40,8 @@ PROTOCOLS = ("1k", "5cv", "5k", "all")
 PROTOCOL_NAMES = {"1k": "COCO-1k", "5cv": "COCO-5cv", "5k": "COCO-5k", "all": "all"}
 #: a direction warns when more than this share of its queries have a tied ground-truth score
 TIE_WARNING_SHARE = 0.01
+#: how the tie warning begins (:func:`ties_once` recognises it)
+TIE_WARNING = "warning: the ground-truth score is tied by another candidate in "
 
 #: a protocol's folds: ``[(protocol, [(image_start, image_stop), ...]), ...]``
 Plan = list[tuple[str, list[tuple[int, int]]]]
@@ -160,7 +162,7 @@ def _problems(ranks_by_protocol: dict[str, list[Ranks]]) -> list[str]:
                 where = f", {PROTOCOL_NAMES.get(protocol, protocol)}" if protocol else ""
                 tied.append(f"{direction} {ties} of {queries} queries ({100.0 * ties / queries:.1f}%{where})")
     if tied:
-        lines.append(f"warning: the ground-truth score is tied by another candidate in {', '.join(tied)}; "
+        lines.append(f"{TIE_WARNING}{', '.join(tied)}; "
                      "tied candidates count against the ground truth, so these ranks are pessimistic "
                      "(duplicate or collapsed embeddings?)")
     nan = max((sum(r.nan_scores for r in fold_ranks) for fold_ranks in ranks_by_protocol.values()), default=0)
@@ -168,6 +170,23 @@ def _problems(ranks_by_protocol: dict[str, list[Ranks]]) -> list[str]:
         lines.append(f"warning: {nan} similarity scores are NaN (e.g. inf - inf in an overflowing product); "
                      "each counts as a tie against the ground truth")
     return lines
+
+
+def ties_once(log: Log) -> Log:
+    """``log`` passing the tie warning only the first time: a run that validates every epoch says once that
+    its ground truths are tied (its embeddings barely change from one epoch to the next; every epoch's
+    count is in its metrics), and every other line each time."""
+    said = False
+
+    def once(line: str) -> None:
+        nonlocal said
+        if line.startswith(TIE_WARNING):
+            if said:
+                return
+            said = True
+        log(line)
+
+    return once
 
 
 def _report(results: dict[str, ProtocolResult], notes: list[str], log: Log) -> None:

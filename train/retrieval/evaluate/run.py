@@ -183,7 +183,7 @@ def evaluate_run(run_dir: Path, split: str = "test", protocols: Sequence[str] = 
     if gallery_path is not None:
         paths = [str(run.dataset.images[i].path) for i in emb.imgids]
         page = write_gallery(gallery_path, results[protocols[0]], emb.texts, paths, emb.caption_image.numpy(),
-                             gallery_queries, title=title)
+                             gallery_queries, title=title, measure=measure, order_sqrt=order_sqrt)
         log(f"wrote the retrieval gallery {page}")
     if ratios is not None:
         _noise_analysis(run, emb, split, ratios, protocols[0], noise_seed, fold_size, out, log)
