@@ -2,9 +2,10 @@
 
 From a fresh clone, with no data and no network (random weights, random images and features made here):
 
-- **extraction**: ``features.extractors.crop_mapper.ImageMapper`` (10 crops per image, the paper's) on
-  ``--images`` synthetic 640 x 480 images, global features and the Full-Network Embedding, float32 and bf16
-  AMP;
+- **extraction** (``bench/gpu_check_extraction.py``): ``features.extractors.crop_mapper.ImageMapper`` (10
+  crops per image, the paper's) on ``--images`` synthetic 640 x 480 images, global features and the
+  Full-Network Embedding, float32 and bf16 AMP; then ``features cnn`` (10-crop VGG19) end to end from JPEG
+  files, host (PIL) and device (nvjpeg) decoding, float32 and bf16;
 - **steps**: every registered family's model, objective and :class:`train.engine.trainer.Trainer` step
   (forward, loss, backward, Adam) at its COCO defaults on its own feature shape (4,096-d globals, the 12,416-d
   int8 FNE, 49 x 1,280 float16 regions), ``--steps`` steps in float32 and in bf16 autocast, and
@@ -13,7 +14,9 @@ From a fresh clone, with no data and no network (random weights, random images a
   violation and cosine (``train.retrieval.evaluate.evaluate_protocols``);
 - **loader**: batches of region features read per batch from a sharded store
   (``features.store.rows.StoreRows``), ``--workers 0`` and ``--workers 2`` with pinned memory, moved to the
-  device.
+  device;
+- **training** (``bench/gpu_check_train.py``): each family's step eager, ``--compile``, ``--cuda-graphs``,
+  batch 128 and 512, fused Adam, each against the eager step; a checkpoint's write; issue 44's targets.
 
 Beside each device number, where cheap, the same work on the CPU, and the device's results against the CPU's:
 the rows of the first few images (relative difference), each family's loss on its first batch (eval mode,
@@ -40,7 +43,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -57,14 +59,17 @@ from gpu_check_data import (  # noqa: E402
     caption_set,
     codec_of,
     compare_results,
+    peak_mib,
     random_features,
     region_store,
     relative_difference,
+    reset_peak,
+    sync,
+    timed,
 )
+from gpu_check_extraction import extraction  # noqa: E402
+from gpu_check_train import training  # noqa: E402
 
-from features.extractors.backbones import load_backbone  # noqa: E402
-from features.extractors.crop_mapper import ImageMapper  # noqa: E402
-from features.extractors.crops import normalization_table, pixel_crops, resized_pixels  # noqa: E402
 from features.store.recompress import recompress_store  # noqa: E402
 from features.store.rows import open_rows  # noqa: E402
 from train.engine.data import ImageRows, batch_loader  # noqa: E402
@@ -88,7 +93,7 @@ DRY_FEATURES = {"chain": (64,), "oecc": (64,), "seam": (64,), "vse": (64,), "clm
 DRY_LOADER_ROWS = (16, 1024)
 DRY_SETTINGS = {"chain": {"p": 0.125}, "oecc": {"arch": "A"}, "seam": {"gru_units": 16},
                 "vse": {"word_dim": 16}, "liwe": {"layers": [16, 16]}}
-STAGES = ("extraction", "steps", "evaluation", "loader")
+STAGES = ("extraction", "steps", "evaluation", "loader", "training")
 #: ``--images`` at most: every synthetic image is held in memory (0.9 MB) with its resized pixels
 MAX_IMAGES = 2000
 #: the evaluation's captions: their image's embedding plus this much noise per dimension
@@ -156,82 +161,6 @@ def machine(device: torch.device) -> dict[str, Any]:
 def jsonable(value: Any) -> Any:
     """Tuples as lists (for the JSON)."""
     return {k: list(v) if isinstance(v, tuple) else v for k, v in value.items()}
-
-
-def sync(device: torch.device) -> None:
-    """Wait for the device's queued work (where a CUDA error of that work surfaces)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def peak_mib(device: torch.device) -> float | None:
-    """Peak memory allocated on the device since the last reset, MiB (None on the CPU)."""
-    return round(torch.cuda.max_memory_allocated(device) / MIB, 1) if device.type == "cuda" else None
-
-
-def reset_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def timed(fn: Any, device: torch.device) -> float:
-    """Seconds of ``fn()``, the device's queue drained before and after."""
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - t0
-
-
-# -- extraction --------------------------------------------------------------------------------------
-
-def extraction(check: Check, record: dict[str, Any]) -> None:
-    """Images/s of the mapper (10 crops) for global features and the FNE, float32 and AMP, and on the CPU
-    (``prepared_images_per_s``: the mapper on pixels resized beforehand in 4 threads, as ``features`` runs
-    it, and that resize's own rate);
-    each device's rows of the first few images against the CPU's (relative difference). The crops the
-    device normalises and cuts must be the CPU's bit for bit (an error otherwise)."""
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    images = [Image.fromarray(rng.integers(0, 256, (480, 640, 3), dtype=np.uint8))
-              for _ in range(check.sizes["images"])]
-    few = images[: max(1, min(8, len(images)))]
-    backbone = load_backbone(check.sizes["cnn"], "none", input_size=check.sizes["input_size"])
-    record["cnn"] = f"{check.sizes['cnn']} (random weights), {len(images)} images of 640 x 480, 10 crops"
-    for kind in ("global", "fne"):
-        # the CPU beside it, on a few images: the reference of the device's rows
-        mapper = ImageMapper(backbone, kind=kind, crops=10, batch_size=10, device="cpu")
-        cpu_seconds = timed(lambda m=mapper: m(few), check.device)
-        (reference,) = mapper(few).values()
-        record[f"{kind}_cpu"] = {"images_per_s": round(len(few) / cpu_seconds, 2)}
-        for amp in (False, True):
-            reset_peak(check.device)
-            mapper = ImageMapper(backbone, kind=kind, crops=10, batch_size=160 if not check.args.dry else 20,
-                                 device=check.device, amp=amp)
-            mapper(images[:1])  # warm-up: cuDNN picks its kernels
-            rows: dict[str, np.ndarray] = {}
-            seconds = timed(lambda m=mapper, r=rows: r.update(m(images)), check.device)
-            (features,) = rows.values()
-            # as `features` runs it: the resize in 4 decode threads, then the mapper on the pixels
-            with ThreadPoolExecutor(4) as pool:
-                t0 = time.perf_counter()
-                items = list(pool.map(mapper.prepare, images))
-                prepare_s = time.perf_counter() - t0
-            prepared_s = timed(lambda m=mapper, i=items: m(i), check.device)
-            record[f"{kind}_{'amp' if amp else 'float32'}"] = {
-                "images_per_s": round(len(images) / seconds, 2), "peak_gpu_mib": peak_mib(check.device),
-                "prepared_images_per_s": round(len(images) / prepared_s, 2),
-                "prepare_4_threads_images_per_s": round(len(images) / prepare_s, 2),
-                "rel_diff_vs_cpu": relative_difference(features[: len(few)], reference)}
-    backbone.model.to("cpu")
-    pixels = resized_pixels(few[0], backbone.resize, backbone.interpolation)
-    on_cpu = pixel_crops(pixels, normalization_table(backbone.mean, backbone.std), backbone.input_size)
-    table = normalization_table(backbone.mean, backbone.std, check.device)
-    on_device = pixel_crops(pixels.to(check.device), table, backbone.input_size).cpu()
-    record["crops_equal_cpu"] = torch.equal(on_device, on_cpu)
-    if not record["crops_equal_cpu"]:
-        raise RuntimeError("the crops normalised and cut on the device differ from the CPU's")
 
 
 # -- every family's step -----------------------------------------------------------------------------
@@ -437,7 +366,7 @@ def run_check(check: Check) -> list[str]:
     stages: list[tuple[str, Any]] = [("extraction", extraction)]
     stages += [(f"steps.{family}", lambda c, r, f=family: family_steps(c, f, r))
                for family in check.args.families]
-    stages += [("evaluation", evaluation), ("loader", loader)]
+    stages += [("evaluation", evaluation), ("loader", loader), ("training", training)]
     stages = [(name, stage) for name, stage in stages if name.split(".")[0] in check.args.stages]
     errors: list[str] = []
     for name, stage in stages:

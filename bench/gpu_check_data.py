@@ -1,8 +1,9 @@
-"""Synthetic inputs of ``bench/gpu_check.py`` (captions, features, a region store) and its comparisons of a
-device's results with the CPU's."""
+"""Synthetic inputs of ``bench/gpu_check.py`` (captions, features, a region store), its comparisons of a
+device's results with the CPU's, and its timing helpers (the device's queue drained around a timing)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,32 @@ from train.engine.data import CaptionSet, ImageRows
 
 #: made-up text: characters of the alphabet, words (``--dry``: fewer), letters per spelled word
 ALPHABET, WORDS, DRY_WORDS, WORD_LENGTH = 72, 20_000, 500, 16
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (where a CUDA error of that work surfaces)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_mib(device: torch.device) -> float | None:
+    """Peak memory allocated on the device since the last reset, MiB (None on the CPU)."""
+    return round(torch.cuda.max_memory_allocated(device) / 2**20, 1) if device.type == "cuda" else None
+
+
+def reset_peak(device: torch.device) -> None:
+    """Start counting the device's peak memory afresh (nothing on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def timed(fn: Any, device: torch.device) -> float:
+    """Seconds of ``fn()``, the device's queue drained before and after."""
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
 
 
 def relative_difference(values: np.ndarray | torch.Tensor, reference: np.ndarray | torch.Tensor) -> float:

@@ -38,6 +38,14 @@ def test_cpu_dry_mode_runs_every_stage(tmp_path) -> None:
             assert result["extraction"][f"{kind}_{precision}"]["rel_diff_vs_cpu"] == 0
         assert result["extraction"][f"{kind}_cpu"]["images_per_s"] > 0
     assert result["extraction"]["crops_equal_cpu"] is True
+    jpeg = result["extraction"]["jpeg"]  # features cnn from JPEG files, host and device decoding
+    for decoder in ("pil", "torchvision"):
+        for precision in ("float32", "bf16"):
+            run = jpeg[f"{decoder}_{precision}"]
+            assert run["images_per_s"] > 0 and run["failed"] == 0 and run["rel_diff_vs_cpu"] == 0
+    assert jpeg["decoder_rel_diff_float32"] > 0  # libjpeg-turbo through torchvision and resized by torch
+    assert jpeg["targets_images_per_s"] == {"bf16": 1000, "float32": 500}
+    assert "cudnn_allow_tf32" in jpeg["tf32"]
     for family in ("chain", "oecc", "seam", "vse", "clmr", "liwe"):
         steps = result[f"steps.{family}"]
         assert steps["float32"]["step_ms"] > 0 and steps["bf16"]["captions_per_s"] > 0
@@ -52,6 +60,16 @@ def test_cpu_dry_mode_runs_every_stage(tmp_path) -> None:
     loader = result["loader"]
     for key in ("workers_0", "workers_1", "clmr_step_fed_workers_0", "clmr_step_fed_workers_1"):
         assert loader[key]["captions_per_s"] > 0 and loader[key]["first_batch_s"] > 0
+    training = result["training"]  # issue 44: each way of stepping against the eager step
+    for family in ("chain", "oecc", "seam", "vse", "clmr", "liwe"):
+        ways = training[family]
+        assert ways["eager_8"]["captions_per_s"] > 0 and ways["eager_8"]["first_loss_rel_diff_vs_cpu"] == 0
+        assert ways["eager_16"]["captions_per_s"] > 0  # the larger batch
+        assert ways["eager_foreach_8"]["loss_rel_diff_vs_eager"] == 0  # on the CPU both are the same Adam
+        assert ways["graphs_8"]["refused"].startswith("CUDA graphs need a CUDA device")
+        assert training["targets"][family]["target_x"] == (1.5 if family in ("vse", "clmr", "liwe") else 3.0)
+    assert training["checkpoint"]["background_s"] > 0 and training["checkpoint"]["bytes"] > 0
+    assert training["targets"]["fed_clmr"]["target"] == 0.9
     assert "all stages passed" in done.stdout
 
 

@@ -128,3 +128,42 @@ def test_fused_path_is_taken_only_for_large_gradient_free_cpu_blocks(monkeypatch
     assert len(calls) == 2  # float64: eager
     torch.testing.assert_close(order_violation(images.detach(), captions),  # default: the blocked kernel
                                order_violation(images.detach(), captions, fused=False))
+
+
+@pytest.mark.parametrize("sqrt", [False, True])
+def test_the_bounded_training_kernel_gives_the_broadcasts_loss_and_gradients(monkeypatch, sqrt) -> None:
+    """Issue 44: a large training batch's order violation, chunked over d with its own backward pass (no
+    B x B x d tensor kept), gives the eager broadcast's loss and gradients to float rounding."""
+    from train.engine.losses import contrastive_loss
+
+    # the kernel is chosen by size: every batch of 128 at d = 1,024 (the README's runs) stays eager
+    assert 128 * 128 * 1024 <= similarity_module.BOUNDED_MIN_ELEMS
+
+    def loss_and_grads(bounded: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        monkeypatch.setattr(similarity_module, "BOUNDED_MIN_ELEMS", 0 if bounded else 1 << 62)
+        # 7 x 7 x 5 elements a chunk: 5 components, the last chunk of 53 shorter
+        monkeypatch.setattr(similarity_module, "BOUNDED_CHUNK_ELEMS", 7 * 7 * 5)
+        images, captions = (torch.nn.functional.normalize(x, dim=1).requires_grad_(True)
+                            for x in order_inputs(7, 7, 53, seed=3))
+        loss = contrastive_loss(images, captions, "order", 0.05, "sum", order_sqrt=sqrt)
+        loss.backward()
+        return loss.detach(), images.grad, captions.grad
+
+    eager, bounded = loss_and_grads(False), loss_and_grads(True)
+    assert eager[0] > 0
+    for a, b in zip(bounded, eager, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_bounded_kernel_is_taken_only_with_gradients(monkeypatch) -> None:
+    calls = []
+    real = similarity_module.bounded_squared_violation
+    monkeypatch.setattr(similarity_module, "bounded_squared_violation",
+                        lambda i, c: calls.append(i.shape) or real(i, c))
+    monkeypatch.setattr(similarity_module, "BOUNDED_MIN_ELEMS", 10)
+    images, captions = order_inputs(4, 4, 3)
+    order_violation(images, captions)  # no gradient: not it
+    assert calls == []
+    images.requires_grad_(True)
+    order_violation(images, captions).sum().backward()
+    assert len(calls) == 1 and images.grad is not None

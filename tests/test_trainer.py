@@ -408,3 +408,24 @@ def test_a_loss_that_is_not_finite_stops_the_run_at_its_step_and_no_checkpoint_k
         assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
     else:
         assert not last.exists()
+
+
+def test_validation_says_the_tie_warning_once_per_run(capsys) -> None:
+    """Issue 43.6: a run validating every epoch warns of tied ground truths at its first validation only;
+    its other warnings, and a new run (a new scorer), are not silenced."""
+    from types import SimpleNamespace
+
+    from train.retrieval.validation import retrieval_scorer
+
+    settings = SimpleNamespace(measure="cosine", order_sqrt=False, val_protocol="all")
+    generator = torch.Generator().manual_seed(0)
+    images = torch.nn.functional.normalize(torch.rand(4, 3, generator=generator), dim=1)
+    caption_image = torch.arange(8) // 2
+    captions = images[caption_image // 2 * 2]  # images 0 and 1 (2 and 3) have the same captions: tied
+    for _run in range(2):
+        score = retrieval_scorer(settings)  # type: ignore[arg-type]
+        for _epoch in range(3):
+            _, metrics = score(images, captions, caption_image)
+            assert metrics["all"]["i2t"]["ties"] > 0  # every epoch still counts its ties
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("warning: the ground-truth score is tied"), lines

@@ -31,9 +31,10 @@ from features.store.core import FeatureStore
 from features.store.read import parse_spec, read_matrix, stored_region_counts
 from features.store.rows import open_rows, stored_bytes
 from features.store.spec import FeatureSpec
-from prep.dataset import PreparedDataset
+from prep.dataset import PAD_INDEX, PreparedDataset
 from train.engine.caption_cache import split_captions
 from train.engine.codecs import TextCodec, text_codec
+from train.engine.compiled import padded_length
 from vsecore.errors import UserError
 
 if TYPE_CHECKING:
@@ -364,27 +365,49 @@ class BatchList(torch.utils.data.Dataset):
     """
 
     def __init__(self, captions: CaptionSet, batches: Sequence[np.ndarray],
-                 pairs: Sequence[tuple[PairSet, Sequence[np.ndarray]]] = ()) -> None:
+                 pairs: Sequence[tuple[PairSet, Sequence[np.ndarray]]] = (), pad_limit: int | None = None
+                 ) -> None:
         self.captions = captions
         self.batches = list(batches)
         self.pairs = [(pair_set, list(pb)) for pair_set, pb in pairs]
+        self.pad_limit = pad_limit
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __getitem__(self, i: int) -> Batch:
         batch = self.captions.batch(self.batches[i])
-        if not self.pairs:
-            return batch
-        return batch._replace(pairs=tuple(pair_set.batch(pb[i]) for pair_set, pb in self.pairs))
+        if self.pairs:
+            batch = batch._replace(pairs=tuple(pair_set.batch(pb[i]) for pair_set, pb in self.pairs))
+        return batch if self.pad_limit is None else padded_batch(batch, self.pad_limit)
+
+
+def _pad_text(text: torch.Tensor, limit: int) -> torch.Tensor:
+    """``text (B, T[, C])`` padded with ``<pad>`` to :func:`train.engine.compiled.padded_length` of T."""
+    length = padded_length(text.shape[1], limit)
+    if length == text.shape[1]:
+        return text
+    out = text.new_full((text.shape[0], length, *text.shape[2:]), PAD_INDEX)
+    out[:, : text.shape[1]] = text
+    return out
+
+
+def padded_batch(batch: Batch, limit: int) -> Batch:
+    """``batch`` with its captions (and those of its pair batches) padded to one of a few lengths
+    (:func:`train.engine.compiled.padded_length`, at most ``limit``), for a step fixed to its shapes
+    (``--compile``, ``--cuda-graphs``); lengths unchanged, so an encoder computes the same."""
+    pairs = tuple(p._replace(text=_pad_text(p.text, limit), other_text=_pad_text(p.other_text, limit))
+                  for p in batch.pairs)
+    return batch._replace(text=_pad_text(batch.text, limit), pairs=pairs)
 
 
 def batch_loader(captions: CaptionSet, batches: Sequence[np.ndarray], workers: int = 0,
-                 pin_memory: bool = False, pairs: Sequence[tuple[PairSet, Sequence[np.ndarray]]] = ()
-                 ) -> torch.utils.data.DataLoader:
-    """Iterate ``batches`` in order (collated, in ``workers`` processes when > 0), with their pair batches."""
+                 pin_memory: bool = False, pairs: Sequence[tuple[PairSet, Sequence[np.ndarray]]] = (),
+                 pad_limit: int | None = None) -> torch.utils.data.DataLoader:
+    """Iterate ``batches`` in order (collated, in ``workers`` processes when > 0), with their pair batches;
+    ``pad_limit``: captions padded to a few lengths up to it (:func:`padded_batch`)."""
     # its own generator: a DataLoader draws a worker base seed on every iteration, and drawing it
     # from the global generator would make a resumed epoch's random stream differ
-    return torch.utils.data.DataLoader(BatchList(captions, batches, pairs), batch_size=None, shuffle=False,
-                                       num_workers=workers, pin_memory=pin_memory,
+    return torch.utils.data.DataLoader(BatchList(captions, batches, pairs, pad_limit), batch_size=None,
+                                       shuffle=False, num_workers=workers, pin_memory=pin_memory,
                                        generator=torch.Generator().manual_seed(0))

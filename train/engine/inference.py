@@ -15,22 +15,27 @@ from train.engine.codecs import TextCodec
 from train.engine.data import Batch, CaptionSet, ImageRows
 from vsecore.device import autocast
 
+#: the fields of a batch (:class:`train.engine.data.Batch`, ``PairBatch``) that hold caption lengths
+LENGTH_FIELDS = ("lengths", "other_lengths")
 
-def batch_to(batch: Any, device: torch.device) -> Any:
+
+def batch_to(batch: Any, device: torch.device, host_lengths: bool = False) -> Any:
     """A batch (a NamedTuple of tensors and other values, and tuples of such NamedTuples: the pair
     batches) with its tensors moved to ``device``; a :class:`train.engine.data.Batch`'s image features,
     shipped in their stored dtype, become float32 there (after the copy: on a GPU the conversion is the
-    device's work, and the copy moves the stored bytes)."""
-    def move(x: Any) -> Any:
+    device's work, and the copy moves the stored bytes). ``host_lengths``: the caption lengths
+    (:data:`LENGTH_FIELDS`, ``(B,)`` int64) stay where the loader made them, on the host, for an encoder
+    that packs its captions there (:func:`train.engine.step.wants_host_lengths`)."""
+    def move(name: str, x: Any) -> Any:
         if isinstance(x, torch.Tensor):
-            return x.to(device, non_blocking=True)
+            return x if host_lengths and name in LENGTH_FIELDS else x.to(device, non_blocking=True)
         if isinstance(x, tuple) and hasattr(x, "_fields"):
-            return batch_to(x, device)
+            return batch_to(x, device, host_lengths)
         if isinstance(x, tuple):
-            return tuple(move(v) for v in x)
+            return tuple(move(name, v) for v in x)
         return x
 
-    moved = type(batch)(*(move(x) for x in batch))
+    moved = type(batch)(*(move(name, x) for name, x in zip(batch._fields, batch, strict=True)))
     if isinstance(moved, Batch):
         moved = moved._replace(image_features=moved.image_features.float())
     return moved

@@ -86,14 +86,16 @@ def hard_negative_weight(eta: float, iteration: int) -> float:
     return 1.0 - float(eta) ** int(iteration)
 
 
-def scheduled_contrastive_loss(a: torch.Tensor, b: torch.Tensor, max_weight: float, measure: str = "cosine",
-                               margin: float = 0.2, image_index: torch.Tensor | None = None) -> torch.Tensor:
+def scheduled_contrastive_loss(a: torch.Tensor, b: torch.Tensor, max_weight: float | torch.Tensor,
+                               measure: str = "cosine", margin: float = 0.2,
+                               image_index: torch.Tensor | None = None) -> torch.Tensor:
     """LIWE paper Eq. 2: ``J = lambda * J_max + (1 - lambda) * J_sum`` over one batch of matching rows.
 
     Args:
         a: (B, d) anchors of one side (images, or the sentences of one language); row i matches ``b[i]``.
         b: (B, d) the other side (captions, or the aligned sentences of another language).
-        max_weight: ``lambda`` (:func:`hard_negative_weight`).
+        max_weight: ``lambda`` (:func:`hard_negative_weight`); a 0-dim tensor in a compiled loss (whose
+            changing value then compiles nothing), where ``lambda = 1`` is not a special case.
         measure, margin, image_index: as :func:`contrastive_loss`.
 
     Returns:
@@ -102,6 +104,6 @@ def scheduled_contrastive_loss(a: torch.Tensor, b: torch.Tensor, max_weight: flo
     """
     cost_a, cost_b = hinge_costs(a, b, measure, margin, False, image_index)
     hardest = _max_of_hinges(cost_a, cost_b)
-    if max_weight >= 1.0:
+    if not isinstance(max_weight, torch.Tensor) and max_weight >= 1.0:
         return hardest
     return max_weight * hardest + (1.0 - max_weight) * (cost_a.sum() + cost_b.sum())

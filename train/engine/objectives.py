@@ -85,14 +85,6 @@ class ContrastiveObjective:
     reduction: str = "sum"
     order_sqrt: bool = False
 
-    def embed(self, model: torch.nn.Module, batch: Any, autocast: AutocastFactory
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(images (B, d), captions (B, d))`` float32 embeddings of ``batch``."""
-        with autocast():
-            im = model.encode_images(batch.image_features)
-            cap = model.encode_captions(batch.text, batch.lengths)
-        return im.float(), cap.float()
-
     def pair_loss(self, images: torch.Tensor, captions: torch.Tensor, step: int) -> torch.Tensor:
         """The ranking loss of matching rows ``images (B, d)``, ``captions (B, d)``."""
         return contrastive_loss(images, captions, self.measure, self.margin, self.reduction, self.order_sqrt)
@@ -100,10 +92,25 @@ class ContrastiveObjective:
     def __call__(self, model: torch.nn.Module, batch: Any, step: int,
                  autocast: AutocastFactory) -> torch.Tensor:
         """Ranking loss of the batch plus the model's penalty."""
-        im, cap = self.embed(model, batch, autocast)
-        loss = self.pair_loss(im, cap, step)
+        return self.batch_loss(model, batch.image_features, batch.text, batch.lengths, autocast)
+
+    def batch_loss(self, model: torch.nn.Module, image_features: torch.Tensor, text: torch.Tensor,
+                   lengths: torch.Tensor, autocast: AutocastFactory) -> torch.Tensor:
+        """The loss of a batch's tensors (``image_features (B, *feature_shape)``, ``text (B, T[, C])``,
+        ``lengths (B,)``): the part of a step ``--compile`` compiles."""
+        with autocast():
+            im = model.encode_images(image_features)
+            cap = model.encode_captions(text, lengths)
+        loss = self.pair_loss(im.float(), cap.float(), 0)
         penalty = model.penalty() if hasattr(model, "penalty") else None
         return loss if penalty is None else loss + penalty.float()
+
+    def compiled(self, compile_fn: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Objective:
+        """This objective with :meth:`batch_loss` through ``compile_fn`` (``--compile``): the same call,
+        the same (empty) state."""
+        loss = compile_fn(self.batch_loss)
+        return _Compiled(self, lambda model, batch, step, autocast: loss(
+            model, batch.image_features, batch.text, batch.lengths, autocast))
 
     def state_dict(self) -> dict[str, Any]:
         """Stateless: ``{}``."""
@@ -150,26 +157,56 @@ class ScheduledContrastiveObjective:
     def __call__(self, model: torch.nn.Module, batch: Any, step: int,
                  autocast: AutocastFactory) -> torch.Tensor:
         """``J_M + mean_j J_L`` of the batch at the current ``lambda``; advances ``iteration``."""
+        return self._loss(model, batch, autocast, self.image_text_loss, self.aligned_loss, compiled=False)
+
+    def _loss(self, model: torch.nn.Module, batch: Any, autocast: AutocastFactory,
+              image_text: Callable[..., torch.Tensor], aligned: Callable[..., torch.Tensor],
+              compiled: bool) -> torch.Tensor:
+        """:meth:`__call__` with its two pure parts given (eager or compiled); a compiled part takes
+        ``lambda`` as a 0-dim tensor, so that its changing value compiles nothing."""
         weight = hard_negative_weight(self.eta, self.iteration + 1)
-        with autocast():
-            im = model.encode_images(batch.image_features, batch.image_counts)
-            cap = model.encode_captions(batch.text, batch.lengths)
-        loss = scheduled_contrastive_loss(im.float(), cap.float(), weight, self.measure, self.margin,
-                                          batch.image_index)
+        w: float | torch.Tensor = torch.tensor(weight) if compiled else weight
+        loss = image_text(model, batch.image_features, batch.image_counts, batch.text, batch.lengths,
+                          batch.image_index, w, autocast)
         terms: dict[str, float | torch.Tensor] = {"lambda": weight, "image_text": loss.detach()}
         if batch.pairs:
             cross = []
             for pairs in batch.pairs:
-                with autocast():
-                    a = model.encode_captions(pairs.text, pairs.lengths)
-                    b = model.encode_captions(pairs.other_text, pairs.other_lengths)
-                cross.append(scheduled_contrastive_loss(a.float(), b.float(), weight, self.measure,
-                                                        self.margin))
+                cross.append(aligned(model, pairs.text, pairs.lengths, pairs.other_text, pairs.other_lengths,
+                                     w, autocast))
                 terms[f"cross_{pairs.other_lang}"] = cross[-1].detach()
             loss = loss + torch.stack(cross).mean()
         self._terms = terms
         self.iteration += 1
         return loss
+
+    def image_text_loss(self, model: torch.nn.Module, image_features: torch.Tensor,
+                        image_counts: torch.Tensor | None, text: torch.Tensor, lengths: torch.Tensor,
+                        image_index: torch.Tensor, weight: float | torch.Tensor,
+                        autocast: AutocastFactory) -> torch.Tensor:
+        """``J_M`` of a batch's tensors (regions ``(B, k, D)`` with their ``counts (B,)``, captions ``(B, T[,
+        C])`` and ``lengths (B,)``, ``image_index (B,)``) at hard-negative weight ``weight``."""
+        with autocast():
+            im = model.encode_images(image_features, image_counts)
+            cap = model.encode_captions(text, lengths)
+        return scheduled_contrastive_loss(im.float(), cap.float(), weight, self.measure, self.margin,
+                                          image_index)
+
+    def aligned_loss(self, model: torch.nn.Module, text: torch.Tensor, lengths: torch.Tensor,
+                     other_text: torch.Tensor, other_lengths: torch.Tensor, weight: float | torch.Tensor,
+                     autocast: AutocastFactory) -> torch.Tensor:
+        """``J_L`` of one batch of aligned sentence pairs (``(P, T[, C])`` and ``lengths (P,)`` each side)."""
+        with autocast():
+            a = model.encode_captions(text, lengths)
+            b = model.encode_captions(other_text, other_lengths)
+        return scheduled_contrastive_loss(a.float(), b.float(), weight, self.measure, self.margin)
+
+    def compiled(self, compile_fn: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Objective:
+        """This objective with :meth:`image_text_loss` and :meth:`aligned_loss` through ``compile_fn``
+        (``--compile``), sharing its schedule (``iteration``) and terms."""
+        image_text, aligned = compile_fn(self.image_text_loss), compile_fn(self.aligned_loss)
+        return _Compiled(self, lambda model, batch, step, autocast: self._loss(
+            model, batch, autocast, image_text, aligned, compiled=True))
 
     def state_dict(self) -> dict[str, Any]:
         """``{"iteration", "eta"}``."""
@@ -227,3 +264,22 @@ class CurriculumObjective(ContrastiveObjective):
         """Restore the phase (an empty state is phase 0)."""
         self.phase = int(state.get("phase", 0))
         self.reduction = self.phases[self.phase]
+
+
+class _Compiled:
+    """An objective's compiled view (``objective.compiled(...)``): its own call, the objective's state (a
+    checkpoint saves and restores the objective itself)."""
+
+    def __init__(self, objective: Any, call: Callable[..., torch.Tensor]) -> None:
+        self.objective = objective
+        self._call = call
+
+    def __call__(self, model: torch.nn.Module, batch: Any, step: int,
+                 autocast: AutocastFactory) -> torch.Tensor:
+        return self._call(model, batch, step, autocast)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.objective.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.objective.load_state_dict(state)

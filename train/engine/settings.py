@@ -113,6 +113,13 @@ class TrainSection(Section):
     amp: bool = Field(False, description="bf16 autocast on CUDA (ignored on CPU)")
     workers: int = Field(0, ge=0, description="worker processes that collate the batches (a DataLoader's; 0: "
                          "in this process)")
+    #: execution choices of the training step (the step's loss is the eager step's to float rounding)
+    compile: bool = Field(False, description="torch.compile the model and the loss; captions are padded to a "
+                          "few fixed lengths so the compiled code is reused (each new length compiles once, "
+                          "minutes on a CPU), and a batch of another size (an epoch's last) runs eagerly")
+    cuda_graphs: bool = Field(False, description="replay each training step (forward, backward, Adam) as a "
+                              "CUDA graph, one per padded caption length (CUDA only; families without a GRU: "
+                              "chain, oecc, seam C and E)")
 
     @model_validator(mode="before")
     @classmethod

@@ -16,9 +16,14 @@ with the arguments the other way round. The released code also takes the square 
 (``sqrt=True``): rankings are the same, the loss is not. The default is the squared form of the
 papers' equations.
 
-Three kernels compute the order violation. The eager one materialises the (N, m_chunk, d) broadcast
-and makes four passes over it; it is the only one that carries gradients and the one used on CUDA
-and for small blocks (training batches). Gradient-free float32 CPU blocks (the evaluation, queries
+Four kernels compute the order violation. The eager one materialises the (N, m_chunk, d) broadcast
+and makes four passes over it; it carries gradients and is the one used on CUDA and for small blocks
+(training batches up to :data:`BOUNDED_MIN_ELEMS` broadcast elements: every batch of 128 at d <= 1024).
+A larger training batch (batch 512 or 1,024) takes the *bounded* kernel
+(:func:`bounded_squared_violation`): the same expression chunked over d, with a backward pass of its
+own that recomputes each chunk instead of keeping the B x B x d broadcast for the gradient, so its
+memory is about :data:`BOUNDED_CHUNK_ELEMS` elements whatever the batch (eager autograd keeps two
+B x B x d tensors: 8 GiB at B = 1,024, d = 1,024). Gradient-free float32 CPU blocks (the evaluation, queries
 over a gallery) take a *fused* kernel that never builds the broadcast: the *blocked* one here
 (:func:`squared_violation_blocked`, plain torch ops on cache-sized sub-tiles, no compiler, no state),
 or one given as ``squared``: the evaluator passes the *compiled* kernel of its
@@ -34,6 +39,7 @@ same bits whatever block it is computed in (the sum over d runs in the same orde
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -51,6 +57,12 @@ FUSED_MIN_WORK = 1 << 22
 #: thread synchronisation than in work, and on a loaded machine each barrier can wait a whole
 #: scheduler time slice (measured: 0.01 G elements/s with 2 threads vs 2 G with serial ops).
 BLOCK_IMAGES, BLOCK_CAPTIONS = 128, 255
+
+#: N x M x d above which a call that needs gradients (a training batch) takes the bounded kernel: every
+#: batch of 128 at d <= 1,024 (the papers' sizes, every result of the README) stays on the eager kernel
+BOUNDED_MIN_ELEMS = 1 << 24
+#: N x M x (d chunk) of one chunk of the bounded kernel: its working memory, about 3 x 64 MiB in float32
+BOUNDED_CHUNK_ELEMS = 1 << 24
 
 #: a fused kernel: images (N, d), captions (M, d) -> ``||max(0, c - i)||^2`` (N, M), no broadcast
 SquaredViolation = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -84,7 +96,18 @@ def order_violation(images: torch.Tensor, captions: torch.Tensor, sqrt: bool = F
     if _wants_fused(images, captions, fused):
         out = (squared or squared_violation_blocked)(images, captions)
         return -(out.sqrt_() if sqrt else out)
+    if _wants_bounded(images, captions):
+        out = bounded_squared_violation(images, captions)
+        # the epsilon keeps the gradient finite where there is no violation at all (as the eager kernel)
+        return -(out.clamp_min(1e-12).sqrt() if sqrt else out)
     return _eager_order_violation(images, captions, sqrt)
+
+
+def _wants_bounded(images: torch.Tensor, captions: torch.Tensor) -> bool:
+    """A call that needs gradients and whose broadcast exceeds :data:`BOUNDED_MIN_ELEMS`."""
+    if not (torch.is_grad_enabled() and (images.requires_grad or captions.requires_grad)):
+        return False
+    return images.shape[0] * captions.shape[0] * images.shape[1] > BOUNDED_MIN_ELEMS
 
 
 def _wants_fused(images: torch.Tensor, captions: torch.Tensor, fused: bool | None) -> bool:
@@ -125,6 +148,56 @@ def _eager_order_violation(images: torch.Tensor, captions: torch.Tensor, sqrt: b
 def squared_violation_expr(images: torch.Tensor, captions: torch.Tensor) -> torch.Tensor:
     """``||max(0, c - i)||^2`` as one expression (N, M): what ``torch.compile`` fuses."""
     return (captions.unsqueeze(0) - images.unsqueeze(1)).clamp_min(0).square().sum(dim=2)
+
+
+def _dim_chunks(n: int, m: int, d: int, chunk_elems: int) -> list[slice]:
+    """Slices of the d components, each holding at most ``chunk_elems`` elements of the N x M broadcast."""
+    step = max(1, chunk_elems // max(1, n * m))
+    return [slice(k, min(d, k + step)) for k in range(0, d, step)]
+
+
+class _BoundedSquaredViolation(torch.autograd.Function):
+    """``||max(0, c - i)||^2`` (N, M) whose forward and backward hold one chunk of d at a time.
+
+    With ``r = max(0, c_j - i_i)`` (per component) and ``g = dL/dv`` (N, M): ``dL/di_i = -2 sum_j g_ij r_ij``
+    and ``dL/dc_j = 2 sum_i g_ij r_ij``; each chunk's ``r`` is recomputed in the backward pass.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, images: torch.Tensor, captions: torch.Tensor, chunk_elems: int) -> torch.Tensor:
+        n, d = images.shape
+        m = captions.shape[0]
+        ctx.save_for_backward(images, captions)
+        ctx.chunk_elems = chunk_elems
+        out = images.new_zeros(n, m)
+        for k in _dim_chunks(n, m, d, chunk_elems):
+            out += squared_violation_expr(images[:, k], captions[:, k])
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+        images, captions = ctx.saved_tensors
+        n, d = images.shape
+        m = captions.shape[0]
+        grad_images = torch.empty_like(images) if ctx.needs_input_grad[0] else None
+        grad_captions = torch.empty_like(captions) if ctx.needs_input_grad[1] else None
+        twice = 2 * grad
+        for k in _dim_chunks(n, m, d, ctx.chunk_elems):
+            r = (captions[:, k].unsqueeze(0) - images[:, k].unsqueeze(1)).clamp_min_(0)  # (N, M, chunk)
+            if grad_images is not None:
+                grad_images[:, k] = -torch.einsum("nm,nmk->nk", twice, r)
+            if grad_captions is not None:
+                grad_captions[:, k] = torch.einsum("nm,nmk->mk", twice, r)
+        return grad_images, grad_captions, None
+
+
+def bounded_squared_violation(images: torch.Tensor, captions: torch.Tensor,
+                              chunk_elems: int = BOUNDED_CHUNK_ELEMS) -> torch.Tensor:
+    """``||max(0, c - i)||^2`` (N, M) of images (N, d) and captions (M, d), with gradients, never holding
+    more than about ``chunk_elems`` elements of the N x M x d broadcast (forward or backward): the
+    training loss of large batches. Any device; the sum over d runs chunk by chunk, so it differs from the
+    eager kernel's in the last bits only (relative ~1e-7)."""
+    return _BoundedSquaredViolation.apply(images, captions, chunk_elems)
 
 
 def squared_violation_blocked(images: torch.Tensor, captions: torch.Tensor, block_images: int = BLOCK_IMAGES,

@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from train.engine.checkpoint_writer import CheckpointWriter
 from train.engine.data import (
     CaptionSet,
     PairSet,
@@ -51,10 +52,11 @@ from train.engine.data import (
     epoch_batches,
     epoch_pair_batches,
 )
-from train.engine.inference import batch_to, embed_caption_set
+from train.engine.inference import embed_caption_set
 from train.engine.objectives import Objective, PhasedObjective
 from train.engine.plots import plot_training_curves
 from train.engine.settings import TrainSection
+from train.engine.step import TrainingStep, load_optimizer_state, make_optimizer, plain_learning_rates
 from train.run.checkpoint import (
     check_model_state,
     check_optimizer_state,
@@ -68,7 +70,6 @@ from train.run.checkpoint import (
 from train.run.layout import BEST, CURVES, LAST, TENSORBOARD, RunDir
 from vsecore import console
 from vsecore.console import progress
-from vsecore.device import autocast
 from vsecore.errors import UserError, resume_hint
 from vsecore.io import write_json_atomic
 
@@ -80,6 +81,7 @@ def jsonable(obj: Any) -> Any:
 #: scores the validation embeddings ``(images, captions, caption_image) -> (score, metrics JSON)``; the
 #: task gives it (retrieval: :func:`train.retrieval.validation.retrieval_scorer`)
 Scorer = Callable[[torch.Tensor, torch.Tensor, Any], "tuple[float, dict[str, Any]]"]
+EpochHook = Callable[[dict[str, Any]], None]  # called with each epoch's metrics.jsonl record, once written
 
 
 class Trainer:
@@ -94,13 +96,15 @@ class Trainer:
 
     #: what :meth:`validate`'s score is, in the epoch lines and the curves (a subclass may score otherwise)
     score_label = "val rsum"
+    items = "captions"  # what one training example is, in the progress bar and the epoch line
 
     def __init__(self, settings: TrainSection, model: torch.nn.Module, objective: Objective,
                  train_set: CaptionSet, val_set: CaptionSet, run_dir: Path, device: torch.device,
                  log: Callable[[str], None] = console.info, pair_sets: Sequence[PairSet] = (),
-                 scorer: Scorer | None = None) -> None:
+                 scorer: Scorer | None = None, on_epoch: EpochHook | None = None) -> None:
         self.settings = settings
         self.scorer = scorer
+        self.on_epoch = on_epoch
         self.pair_sets = list(pair_sets)
         self.model = model.to(device)
         self.objective = objective
@@ -109,8 +113,12 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.device = device
         self.log = log
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=settings.lr)
+        self.optimizer = self._make_optimizer(settings.lr)
         self.scheduler = self._make_scheduler()
+        #: one step (the options of how it runs: --compile, --cuda-graphs, fused Adam, host lengths)
+        self.stepper = TrainingStep(self.model, objective, self.optimizer, settings, device)
+        #: checkpoints are written in the background (train.engine.checkpoint_writer)
+        self.writer = CheckpointWriter()
         self.shuffle = torch.Generator().manual_seed(settings.seed)
         # position of the run; everything here goes into every checkpoint
         self.epoch = 0  # epochs completed
@@ -126,6 +134,11 @@ class Trainer:
         #: the generator states of the checkpoint resumed from, put back when the next step is about to run
         self._resumed_rng: dict[str, Any] | None = None
         self._tb_writer: Any = None  # None: not tried yet; False: TensorBoard is not installed
+
+    def _make_optimizer(self, lr: float) -> torch.optim.Optimizer:
+        """Adam at ``lr`` for this run's device and step (:func:`train.engine.step.make_optimizer`)."""
+        return make_optimizer(self.model.parameters(), lr, self.device,
+                              graphs=bool(getattr(self.settings, "cuda_graphs", False)))
 
     def _make_scheduler(self) -> Any:
         """The ``lr_schedule`` of the settings over the current optimiser."""
@@ -157,6 +170,7 @@ class Trainer:
         global generators kept (a resume from ``best.pt`` switches phase too, in another process)."""
         best = self.checkpoint_dir / BEST
         source = "the last weights (no best checkpoint)"
+        self.writer.wait()  # best.pt may be being written
         if best.is_file():
             with rng_states_kept():
                 state = load_checkpoint(best, map_location="cpu")
@@ -168,7 +182,8 @@ class Trainer:
         self.phase_start_epoch = self.epoch
         self.bad_epochs = 0
         lr = objective.later_lr or self.settings.lr
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
+        self.optimizer = self._make_optimizer(lr)
+        self.stepper.use_optimizer(self.optimizer)
         self.scheduler = self._make_scheduler()
         self.log(f"phase {objective.phase + 1} ({objective.phase_name} of hinges) from "
                  f"{source}, lr {lr:.1e}")
@@ -183,8 +198,8 @@ class Trainer:
         """The whole training state as a ``torch.save``-able dictionary."""
         return {
             "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            "optimizer": plain_learning_rates(self.optimizer.state_dict()),
+            "scheduler": plain_learning_rates(self.scheduler.state_dict()),
             "objective": self.objective.state_dict(),
             "epoch": self.epoch,
             "position": self.position,
@@ -240,7 +255,7 @@ class Trainer:
     def load_state(self, state: dict[str, Any]) -> None:
         """Continue from a state written by :meth:`state` (model, optimiser, generators, position)."""
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.objective.load_state_dict(state.get("objective", {}))
         self.epoch = int(state["epoch"])
@@ -260,22 +275,26 @@ class Trainer:
             self.write_metrics()
 
     def save(self, name: str) -> None:
-        """Write the current state to ``checkpoints/<name>`` atomically (the global generators kept)."""
-        state = self.state()
-        with rng_states_kept():
-            save_checkpoint(self.checkpoint_dir / name, state)
+        """Write the current state to ``checkpoints/<name>`` atomically, in the background (the state is
+        copied first; :class:`train.engine.checkpoint_writer.CheckpointWriter`)."""
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)  # there when save returns, as it always was
+        self.writer.submit(save_checkpoint, self.checkpoint_dir / name, self.state())
 
     def metrics_record(self, record: dict[str, Any]) -> dict[str, Any]:
         """An epoch's history record as its line of ``metrics.jsonl`` (a task may rename its keys)."""
         return record
 
-    def write_metrics(self) -> None:
-        """Rewrite ``metrics.jsonl`` from the history (atomically): one JSON object per epoch."""
+    def write_metrics(self, lines: list[str] | None = None) -> None:
+        """Rewrite ``metrics.jsonl`` from the history (atomically): one JSON object per epoch (``lines``:
+        those of :meth:`metrics_lines` taken before)."""
         path = RunDir(self.run_dir).metrics
         tmp = path.with_name(f".{path.name}.tmp")
-        lines = [json.dumps(self.metrics_record(r), sort_keys=True) + "\n" for r in self.history]
-        tmp.write_text("".join(lines), encoding="utf-8")
+        tmp.write_text("".join(self.metrics_lines() if lines is None else lines), encoding="utf-8")
         tmp.replace(path)
+
+    def metrics_lines(self) -> list[str]:
+        """The lines of ``metrics.jsonl`` for the history so far."""
+        return [json.dumps(self.metrics_record(r), sort_keys=True) + "\n" for r in self.history]
 
     # -- the loop ----------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
@@ -290,12 +309,17 @@ class Trainer:
             restore_rng_states(self._resumed_rng)
             self._resumed_rng = None
         with resume_hint(RunDir(self.run_dir).kept):
-            while not self.finished and self.phase_epochs < s.epochs:
-                self._train_epoch()
-                self._end_epoch()
-            if not self.finished:  # reached the maximum number of epochs
-                self.finished = True
-                self.save(LAST)
+            try:
+                while not self.finished and self.phase_epochs < s.epochs:
+                    self._train_epoch()
+                    self._end_epoch()
+                if not self.finished:  # reached the maximum number of epochs
+                    self.finished = True
+                    self.save(LAST)
+            except BaseException:
+                self.writer.wait(raise_error=False)  # the checkpoint being written is finished first
+                raise
+            self.writer.wait()
         return self.history[-1] if self.history else {}
 
     def _train_epoch(self) -> None:
@@ -312,8 +336,10 @@ class Trainer:
         pairs = [(ps, epoch_pair_batches(ps, len(batches), s.batch_size, self.shuffle)[self.position:])
                  for ps in self.pair_sets]
         remaining = batches[self.position:]
+        # a compiled or graphed step is fixed to its shapes: captions padded to a few lengths
+        pad = self.train_set.codec.max_len if self.stepper.static_shapes else None
         loader = batch_loader(self.train_set, remaining, workers=s.workers,
-                              pin_memory=self.device.type == "cuda", pairs=pairs)
+                              pin_memory=self.device.type == "cuda", pairs=pairs, pad_limit=pad)
         self.model.train()
         bar = progress(total=len(batches), initial=self.position, desc=f"epoch {self.epoch + 1}/{s.epochs}",
                        unit="batch")
@@ -353,20 +379,12 @@ class Trainer:
                             "--grad-clip)")
         self.running["loss_sum"] += loss
         rate = self.running["captions"] / max(self.running["train_time"], 1e-9)
-        bar.set_postfix(loss=f"{loss:.4f}", caps_per_s=f"{rate:.0f}", refresh=False)
+        bar.set_postfix(loss=f"{loss:.4f}", **{f"{self.items}_per_s": f"{rate:.0f}"}, refresh=False)
 
     def _step(self, batch: Any) -> torch.Tensor:
-        """One optimisation step on ``batch``; its loss, a 0-dim tensor on the device, not read (reading it
-        waits for the device)."""
-        s = self.settings
-        batch = batch_to(batch, self.device)
-        loss = self.objective(self.model, batch, self.global_step, lambda: autocast(self.device, s.amp))
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if s.grad_clip is not None and s.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
-        self.optimizer.step()
-        return loss.detach()
+        """One optimisation step on ``batch`` (:class:`train.engine.step.TrainingStep`); its loss, a 0-dim
+        tensor on the device, not read (reading it waits for the device)."""
+        return self.stepper(batch, self.global_step)
 
     def _plot_curves(self) -> None:
         """``curves.png`` of the history so far."""
@@ -405,7 +423,7 @@ class Trainer:
         with rng_states_kept():
             rsum, metrics = self.validate()
         val_time = time.perf_counter() - t0
-        lr = self.optimizer.param_groups[0]["lr"]
+        lr = float(self.optimizer.param_groups[0]["lr"])  # a device tensor under --cuda-graphs
         improved = rsum > self.best_rsum
         if improved:
             self.best_rsum = rsum
@@ -416,6 +434,41 @@ class Trainer:
             self.scheduler.step(rsum)
         else:
             self.scheduler.step()
+        record = self._epoch_record(lr, rsum, improved, metrics, val_time)
+        self.history.append(record)
+        self.epoch += 1
+        self.position = 0
+        self.epoch_start_shuffle = self.shuffle.get_state()
+        self.running = {"loss_sum": 0.0, "batches": 0, "captions": 0, "train_time": 0.0}
+        next_phase = False
+        if not self.can_continue():
+            next_phase = self._has_next_phase()
+            self.finished = not next_phase
+        if improved:
+            self.save(BEST)
+        if next_phase:
+            self._next_phase()
+        self.save(LAST)
+        # an epoch ends with its checkpoints on disk (then metrics.jsonl, which must not hold an epoch they
+        # do not know); only the checkpoints within an epoch are left to the background
+        self.writer.wait()
+        with rng_states_kept():
+            self.write_metrics()
+            self._plot_curves()
+            self._tensorboard(record)
+            if self.on_epoch is not None:  # a fresh dict (the caller may keep it), drawing from kept states
+                self.on_epoch(json.loads(self.metrics_lines()[-1]))
+        note = " (best)" if improved else f" ({self.bad_epochs} without improvement)"
+        if self.finished and self.bad_epochs >= s.early_stop:
+            plural = "" if s.early_stop == 1 else "s"
+            note += f"; early stop after {s.early_stop} epoch{plural} without improvement"
+        self.log(f"epoch {record['epoch']}: loss {record['loss']:.4f}, lr {lr:.1e}, {self.score_label} "
+                 f"{rsum:.2f}{note}, {record['captions_per_s']:.0f} {self.items}/s, "
+                 f"{self.writer.since_last_report()}, {record['time_s']:.1f}s")
+
+    def _epoch_record(self, lr: float, rsum: float, improved: bool, metrics: dict[str, Any],
+                      val_time: float) -> dict[str, Any]:
+        """The history record of the epoch that ends (its running sums, its validation)."""
         r = self.running
         record = {
             "epoch": self.epoch + 1,
@@ -434,29 +487,7 @@ class Trainer:
         }
         if isinstance(self.objective, PhasedObjective):
             record["phase"] = self.objective.phase_name
-        self.history.append(record)
-        self.epoch += 1
-        self.position = 0
-        self.epoch_start_shuffle = self.shuffle.get_state()
-        self.running = {"loss_sum": 0.0, "batches": 0, "captions": 0, "train_time": 0.0}
-        next_phase = False
-        if not self.can_continue():
-            next_phase = self._has_next_phase()
-            self.finished = not next_phase
-        if improved:
-            self.save(BEST)
-        if next_phase:
-            self._next_phase()
-        self.save(LAST)
-        with rng_states_kept():
-            self.write_metrics()
-            self._plot_curves()
-            self._tensorboard(record)
-        note = " (best)" if improved else f" ({self.bad_epochs} without improvement)"
-        if self.finished and self.bad_epochs >= s.early_stop:
-            note += f"; early stop after {s.early_stop} epochs without improvement"
-        self.log(f"epoch {record['epoch']}: loss {record['loss']:.4f}, lr {lr:.1e}, {self.score_label} "
-                 f"{rsum:.2f}{note}, {record['captions_per_s']:.0f} captions/s, {record['time_s']:.1f}s")
+        return record
 
 
 def _constant_lr(epoch: int) -> float:

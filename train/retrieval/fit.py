@@ -2,7 +2,7 @@
 :mod:`train.cli.fit`, and the pipeline runner, ``train compare`` and the tests call this directly).
 
 Every family shares the trainer (:mod:`train.engine.trainer`), the data pipeline (:mod:`train.engine.data`)
-and the run directory (:mod:`train.run.config`); a family (its :class:`train.models.family.Family`) only adds
+and the run directory (:mod:`train.config.run`); a family (its :class:`train.models.family.Family`) only adds
 its own settings, whose options are generated (:func:`train.cli.fit_options.family_options`), and its
 defaults (SEAM's step schedule, the FNE paper's presets), which are resolved before the run starts and
 recorded in its ``config.json``. Every registered family gets a subcommand.
@@ -22,6 +22,19 @@ from features.store.core import FeatureStore
 from features.store.read import layout_digest
 from features.store.spec import SPEC_ARRAYS, FeatureSpec
 from prep.dataset import WORDS_FILE, PreparedDataset
+from train.config.run import (
+    DATASET_FILES,
+    absolute_settings,
+    check_same_config,
+    dataset_fingerprint,
+    features_fingerprint,
+    file_stats,
+    prepare_run_dir,
+    read_config,
+    run_log,
+    store_path,
+    write_config,
+)
 from train.engine.codecs import codec_for
 from train.engine.data import (
     CaptionSet,
@@ -40,7 +53,7 @@ from train.engine.settings import (
     TrainSection,
     first_non_finite,
 )
-from train.engine.trainer import Trainer, write_evaluation
+from train.engine.trainer import EpochHook, Trainer, write_evaluation
 from train.models.family import (
     build_objective,
     family_names,
@@ -59,19 +72,6 @@ from train.retrieval.open import load_run
 from train.retrieval.validation import retrieval_scorer
 from train.run.checkpoint import (
     remove_stale_temporaries,
-)
-from train.run.config import (
-    DATASET_FILES,
-    absolute_settings,
-    check_same_config,
-    dataset_fingerprint,
-    features_fingerprint,
-    file_stats,
-    prepare_run_dir,
-    read_config,
-    run_log,
-    store_path,
-    write_config,
 )
 from train.run.layout import RunDir
 from vsecore import console
@@ -106,13 +106,16 @@ def _seed_everything(seed: int) -> None:
 
 def run_training(settings: TrainSection, resume: bool = False, overwrite: bool = False, dry_run: bool = False,
                  alphabet_size: int | None = None, image_dim: int | None = None,
-                 vocab_size: int | None = None, log: Callable[[str], None] = console.info) -> Path:
+                 vocab_size: int | None = None, log: Callable[[str], None] = console.info,
+                 on_epoch: EpochHook | None = None, test_table: bool = True) -> Path:
     """Train (or with ``dry_run`` only build) the model ``settings`` describes; returns the run dir.
 
     ``resume`` continues ``settings.out`` from its newest checkpoint (a :class:`UserError` names
     the first setting that differs from the run's ``config.json``); ``overwrite`` starts over in
     an ``out`` that already holds a run. After training, the best checkpoint is evaluated on the
-    test split (``eval/test.json``) and the table is printed.
+    test split (``eval/test.json``) and the table is printed (``test_table``; else only logged with ``-v``
+    and in train.log: a pipeline that evaluates next prints its own). ``on_epoch``: called after each epoch
+    with its ``metrics.jsonl`` record (the Python API's ``vse.train``).
     """
     if settings.family not in family_names():
         raise UserError(f"family '{settings.family}' cannot be trained (available: "
@@ -140,7 +143,7 @@ def run_training(settings: TrainSection, resume: bool = False, overwrite: bool =
     with exclusive_lock(run_dir, "the run directory"):
         prepare_run_dir(run_dir, resume=resume, overwrite=overwrite, inputs=inputs)
         with run_log(run_dir) as started, resume_hint(run.kept):
-            _train(settings, spec, run_dir, resume, log, dataset, started)
+            _train(settings, spec, run_dir, resume, log, dataset, started, on_epoch, test_table)
     return run_dir
 
 
@@ -177,7 +180,8 @@ def dataset_name(data: str | None) -> str | None:
 
 
 def _train(settings: TrainSection, spec: ModelSpec, run_dir: Path, resume: bool,
-           log: Callable[[str], None], dataset: PreparedDataset | None, started: Callable[[], None]) -> None:
+           log: Callable[[str], None], dataset: PreparedDataset | None, started: Callable[[], None],
+           on_epoch: EpochHook | None = None, test_table: bool = True) -> None:
     """:func:`run_training` once the run directory is locked and prepared (messages also in train.log, from
     ``started()`` on, called once a new run has started); ``dataset`` is the prepared dataset if already
     read (None: read here, its error raised here)."""
@@ -193,7 +197,7 @@ def _train(settings: TrainSection, spec: ModelSpec, run_dir: Path, resume: bool,
     config["parameters"] = model.parameter_report()
     objective = build_objective(settings)
     trainer = Trainer(settings, model, objective, train_set, val_set, run_dir, device, log=log,
-                      pair_sets=pair_sets, scorer=retrieval_scorer(settings, device))
+                      pair_sets=pair_sets, scorer=retrieval_scorer(settings, device), on_epoch=on_epoch)
     if resume:
         if "features_layout" not in (read_config(run_dir).get("fingerprints") or {}):
             config["fingerprints"].pop("features_layout")  # a run from before it was recorded resumes
@@ -214,11 +218,11 @@ def _train(settings: TrainSection, spec: ModelSpec, run_dir: Path, resume: bool,
     t0 = time.perf_counter()
     trainer.fit()
     log(f"training done in {time.perf_counter() - t0:.0f}s: best val rsum {trainer.best_rsum:.2f} "
-        f"after {trainer.epoch} epochs; run directory {run_dir}")
+        f"after {trainer.epoch} epoch{'' if trainer.epoch == 1 else 's'}; run directory {run_dir}")
     # the test evaluation reads the run back from disk, features included: drop the training copies
     # first, so a large (int8 FNE) feature array is never held twice
     del trainer, train_set, val_set, model
-    evaluate_after_training(run_dir, settings, device, log)
+    evaluate_after_training(run_dir, settings, device, log, table=test_table)
 
 
 def _dry_run(settings: TrainSection, alphabet_size: int | None, image_dim: int | None,
@@ -333,12 +337,13 @@ def _words_fingerprint(data: str, spec: ModelSpec) -> dict[str, str]:
 
 
 def evaluate_after_training(run_dir: Path, settings: TrainSection, device: torch.device,
-                            log: Callable[[str], None] = console.info) -> None:
+                            log: Callable[[str], None] = console.info, table: bool = True) -> None:
     """Evaluate the best checkpoint on the test split under ``val_protocol``, in each language the run
     trained on (``lang`` first, then ``langs`` and ``cross_lang``, as LAVSE validates on every language of a
     run), through the one evaluation entry (:func:`train.retrieval.evaluate.entry.evaluate_retrieval`):
     ``eval/test.json`` and one printed table per language.
 
+    ``table``: print each table (else a ``-v`` detail, always in train.log).
     ``eval/test.json`` keeps ``lang``'s results at the top level (``images``, ``captions``, ``protocols``)
     and every language's under ``languages``.
     """
@@ -356,7 +361,7 @@ def evaluate_after_training(run_dir: Path, settings: TrainSection, device: torch
                           "protocols": results_json(results)}
         which = f", {lang} captions" if len(langs) > 1 else ""
         title = f"{run_dir.name}: test split{which}, best checkpoint (epoch {run.epoch})"
-        console.result(format_results(results, title=title))
+        (console.result if table else console.detail)(format_results(results, title=title))
     write_evaluation(RunDir(run_dir).test_eval, {
         "split": "test", "checkpoint": "best", "epoch": run.epoch, "measure": settings.measure,
         "order_sqrt": settings.order_sqrt, "lang": settings.lang, **per_lang[settings.lang],
