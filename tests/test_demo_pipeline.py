@@ -55,6 +55,8 @@ def test_demo_pipeline_small(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     out = _run(path, capsys)
     for stage in ("prep", "features", "train", "evaluate"):
         assert f"[pipeline small-demo] {stage}: running" in out
+    # the results table once: the train stage's test table goes to train.log when the pipeline evaluates next
+    assert out.count("Protocol ") == 1, out
 
     result = json.loads((tmp_path / "run" / "eval" / "test_best.json").read_text())["all"]
     # A statistical check: the CPU's kernels decide the trajectory, so the bounds sit far below what every

@@ -63,7 +63,11 @@ class CheckpointWriter:
     behind the one being written (an epoch's ``best.pt`` and ``last.pt``)."""
 
     def __init__(self) -> None:
-        self._threads: list[threading.Thread] = []  # in submission order; each joins the one before it
+        #: the writes in progress, in submission order: each waits for the one before it; the loop waits
+        #: on their events, never on ``Thread.join``: a Ctrl-C inside ``join`` makes Python 3.11 take the
+        #: thread for ended (``_wait_for_tstate_lock``), and the interpreter then exits in the middle of its
+        #: write, leaving its temporary file
+        self._threads: list[tuple[threading.Thread, threading.Event]] = []
         self._error: BaseException | None = None
         #: seconds the writes took (in the background), and seconds the loop spent on checkpoints
         self.seconds = 0.0
@@ -77,8 +81,8 @@ class CheckpointWriter:
         the writes still in progress."""
         t0 = time.perf_counter()
         try:
-            for thread in self._threads[:-1]:
-                thread.join()
+            for _, done in self._threads[:-1]:
+                done.wait()
             self._threads = self._threads[-1:]
             self._raise()
             copied, ready = host_copy(state)
@@ -93,23 +97,27 @@ class CheckpointWriter:
         self._start(job, f"checkpoint {path.name}")
 
     def _start(self, job: Callable[[], None], name: str) -> None:
-        previous = self._threads[-1] if self._threads else None
-        thread = threading.Thread(target=self._run, args=(previous, job), name=name)
-        self._threads.append(thread)
+        previous = self._threads[-1][1] if self._threads else None
+        done = threading.Event()
+        thread = threading.Thread(target=self._run, args=(previous, job, done), name=name)
+        self._threads.append((thread, done))
         thread.start()
 
-    def _run(self, previous: threading.Thread | None, job: Callable[[], None]) -> None:
-        if previous is not None:
-            previous.join()
-        if self._error is not None:  # a write before this one failed: the run ends there, as it would have
-            return
-        t0 = time.perf_counter()
+    def _run(self, previous: threading.Event | None, job: Callable[[], None], done: threading.Event) -> None:
         try:
-            job()
-        except BaseException as exc:  # noqa: BLE001 - raised again in the training loop (wait, submit)
-            self._error = exc
+            if previous is not None:
+                previous.wait()
+            if self._error is not None:  # a write before failed: the run ends there, as it would have
+                return
+            t0 = time.perf_counter()
+            try:
+                job()
+            except BaseException as exc:  # noqa: BLE001 - raised again in the training loop (wait, submit)
+                self._error = exc
+            finally:
+                self.seconds += time.perf_counter() - t0
         finally:
-            self.seconds += time.perf_counter() - t0
+            done.set()
 
     def _raise(self) -> None:
         error, self._error = self._error, None
@@ -120,8 +128,8 @@ class CheckpointWriter:
         """Wait for every write in progress; then raise the first error of one (``raise_error``; else drop
         it). The seconds it waits count in :attr:`waited`."""
         t0 = time.perf_counter()
-        for thread in self._threads:
-            thread.join()
+        for _, done in self._threads:
+            done.wait()
         self._threads = []
         self.waited += time.perf_counter() - t0
         if raise_error:

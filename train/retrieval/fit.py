@@ -356,7 +356,10 @@ def evaluate_after_training(run_dir: Path, settings: TrainSection, device: torch
     for lang in langs:
         emb = embed_split(run, "test", lang=lang)
         embedded = Embedded(emb.images, emb.captions, settings.measure, settings.order_sqrt)
-        results = evaluate_retrieval(embedded, emb.caption_image, (settings.val_protocol,), device=run.device)
+        # a pipeline's evaluate stage prints the table and its warnings next: here they go to train.log (-v)
+        quiet = {} if table else {"log": console.detail}
+        results = evaluate_retrieval(embedded, emb.caption_image, (settings.val_protocol,), device=run.device,
+                                     **quiet)
         per_lang[lang] = {"images": int(emb.images.shape[0]), "captions": int(emb.captions.shape[0]),
                           "protocols": results_json(results)}
         which = f", {lang} captions" if len(langs) > 1 else ""
