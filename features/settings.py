@@ -13,12 +13,13 @@ pipeline's ``features:`` (or ``regions:``) section, its ``data`` the ``prep`` st
 from __future__ import annotations
 
 import copy
+from collections.abc import Collection
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, create_model, model_serializer
 
 from features.extractors import BUILTIN_EXTRACTORS
-from features.extractors.registry import Extractor, extractors, extractors_of_kind, kinds
+from features.extractors.registry import Extractor, extractors, extractors_of_kind, get_extractor_of, kinds
 from prep.settings import prep_section
 from vsecore.device import DEVICE_HELP
 from vsecore.pipelines_file import PipelineEntry
@@ -114,6 +115,14 @@ def features_settings_class() -> type[FeaturesSection]:
 def features_settings(**values: Any) -> FeaturesSection:
     """Validate ``values`` as the stage's settings (a pydantic ``ValidationError`` for a bad one)."""
     return features_settings_class().model_validate(values)
+
+
+def implied_settings(settings: FeaturesSection, given: Collection[str]) -> FeaturesSection:
+    """``settings`` with what the options ``given`` imply for its extractor
+    (:attr:`features.extractors.registry.Extractor.command_line`: e.g. bounded region counts make the
+    detector adaptive); the command and ``vse.extract`` both call it."""
+    rule = get_extractor_of(settings).command_line
+    return settings if rule is None else settings.model_copy(update=rule(settings, given))
 
 
 def store_key(kind: str) -> str:

@@ -1,18 +1,14 @@
-"""``train pipeline NAME``: parses, then :func:`pipelines.runner.run_pipeline` (or lists the pipelines); and
-the ``train`` console command, which is ``train``'s own parser (:func:`train.cli.build_parser`) with this
-subcommand added, so the orchestrator imports the stages and no stage imports it. ``python -m train`` runs
-:func:`main` too (``train/__main__.py``, an entry point above every package)."""
+"""``train pipeline NAME``: parses, then :func:`pipelines.runner.run_pipeline` (or lists the pipelines).
+:func:`register` is installed as an entry point of ``train.cli.COMMAND_PLUGINS`` (``pyproject.toml``), so
+the ``train`` command offers it and no stage imports the orchestrator."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 
 from pipelines.runner import STAGES, list_pipelines, run_pipeline
 from pipelines.runner import __doc__ as runner_doc
-from train.cli import build_parser as train_parser
-from train.cli import run
-from vsecore.errors import UserError, run_cli
+from vsecore.errors import UserError
 from vsecore.options import add_overwrite_option, add_pipelines_file_argument
 
 
@@ -45,13 +41,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--until", metavar="STAGE", default=None,
                    help=f"stop after this stage ({', '.join(STAGES)})")
     p.set_defaults(func=_command)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``train`` argument parser: every ``train`` command and ``train pipeline``."""
-    return train_parser(more=(register,))
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point of ``train`` (and ``python -m train``)."""
-    return run_cli(lambda args: run(build_parser(), args), argv, "train")

@@ -18,12 +18,11 @@ from vsecore.errors import interrupted_while_loading
 # interruption of prep: one line and status 130, for `python -m prep` and for the `prep` script alike.
 with interrupted_while_loading("prep"):
     import argparse
-    import os
     from collections.abc import Mapping, Sequence
     from dataclasses import dataclass, field
 
     from prep.run import run_prep
-    from prep.settings import PrepSection, prep_section
+    from prep.settings import PrepSection, absolute_paths, prep_section
     from vsecore.errors import add_common_options, run_cli
     from vsecore.options import (
         add_overwrite_option,
@@ -136,18 +135,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def absolute_paths(args: argparse.Namespace) -> None:
-    """The path options given on the command line made absolute against the working directory, as the
-    shell meant them (a pipelines file's paths are relative to its folder, made absolute when read): a
-    prepared dataset records its settings so, and a pipeline with the same settings compares equal."""
-    for key in PrepSection.path_fields:
-        value = getattr(args, key, None)
-        if isinstance(value, str):
-            setattr(args, key, os.path.normpath(os.path.abspath(os.path.expanduser(value))))
-        elif isinstance(value, list):
-            setattr(args, key, [os.path.normpath(os.path.abspath(os.path.expanduser(v))) for v in value])
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``prep`` / ``python -m prep``."""
     return run_cli(_main, argv, "prep")
@@ -155,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    absolute_paths(args)
+    vars(args).update(absolute_paths(vars(args)))
     pipeline = pipeline_settings(args, "prep", prep_section)
     settings = settings_from(PrepSection, "prep", args, {"dataset": args.command}, pipeline)
     with explain_origins(pipeline):

@@ -5,7 +5,8 @@ the pipeline schema (:mod:`pipelines.schema`). :func:`prep_section` reads a pipe
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+import os
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -119,3 +120,22 @@ def prep_section(entry: PipelineEntry) -> PrepSection | None:
     """The ``prep`` section of a pipeline, validated (a one-line error naming the file, pipeline and key);
     None when it has none."""
     return entry.section("prep", PrepSection, PrepSection.path_fields)
+
+
+def absolute_paths(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` (option name -> value) with the path fields given made absolute against the working
+    directory, as the shell meant them (a pipelines file's paths are relative to its folder, made absolute
+    when read): a prepared dataset records its settings so, and a pipeline with the same settings compares
+    equal. The command and ``vse.prep`` both call it."""
+
+    def absolute(path: str) -> str:
+        return os.path.normpath(os.path.abspath(os.path.expanduser(path)))
+
+    out = dict(values)
+    for key in PrepSection.path_fields:
+        value = out.get(key)
+        if isinstance(value, str):
+            out[key] = absolute(value)
+        elif isinstance(value, list):
+            out[key] = [absolute(v) for v in value]
+    return out

@@ -20,8 +20,8 @@ import torch
 
 import vse
 from features.entry import main as features_main
-from pipelines.cli import main as train_main
 from prep.cli import main as prep_main
+from train.cli import main as train_main
 from vsecore import console
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import make_compare_inputs, metrics_without_timings
 
-from pipelines.cli import main as train_main  # every train command, train pipeline too
+from train.cli import main as train_main  # every train command, train pipeline too
 from train.engine.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

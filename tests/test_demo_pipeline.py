@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.cli import main as train_main  # every train command, train pipeline too
+from train.cli import main as train_main  # every train command, train pipeline too
 
 # one torch thread, as `make demo` runs: on a 2-core machine shared with other work, two threads wait on each
 # other (measured under load 6: 382 s for this test with the default threads, the same stages take 41 s

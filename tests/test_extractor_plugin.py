@@ -21,9 +21,9 @@ from features.extractors.images import load_image
 from features.settings import features_settings, features_settings_class
 from features.store.core import FeatureStore
 from features.store.read import read_matrix
-from pipelines.cli import main as train_main  # every train command, train pipeline too
 from pipelines.schema import load_pipelines
 from prep.dataset import PreparedDataset
+from train.cli import main as train_main  # every train command, train pipeline too
 from vsecore.errors import UserError
 
 TOY_EXTRACTOR = '''

@@ -14,7 +14,7 @@ import pytest
 from helpers import QUERY_PIPELINE
 from PIL import Image
 
-from pipelines.cli import main as train_main  # every train command, train pipeline too
+from train.cli import main as train_main  # every train command, train pipeline too
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

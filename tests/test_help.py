@@ -11,10 +11,10 @@ import pytest
 
 from features.cli import build_parser as features_parser
 from features.cli import main as features_main
-from pipelines.cli import build_parser as train_parser
-from pipelines.cli import main as train_main
 from prep.cli import build_parser as prep_parser
 from prep.cli import main as prep_main
+from train.cli import build_parser as train_parser
+from train.cli import main as train_main
 from vsecore.device import DEVICE_HELP
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from features.cli import build_parser as features_parser
-from pipelines.cli import build_parser as train_parser
-from pipelines.cli import main as train_main
 from prep.cli import build_parser as prep_parser
 from prep.settings import PrepSection
+from train.cli import build_parser as train_parser
+from train.cli import main as train_main
 from vsecore.options import field_defaults, shown
 
 

@@ -73,9 +73,9 @@ LAYERS: dict[str, tuple[tuple[str, ...], ...]] = {
 #: stage's entry point and its command module too
 SAME_GROUP = {"train.run.checkpoint": "train.run.layout", "features.entry": "features.cli"}
 #: the console commands of ``pyproject.toml``'s ``[project.scripts]`` (``prep.cli``, ``features.entry``,
-#: ``pipelines.cli``): each the top layer of its package. The entry points ``python -m PACKAGE``
-#: (``*.__main__``) are the top of the whole graph: one may import any package (``python -m train`` is the
-#: ``train`` console command, the orchestrator's ``pipelines.cli``); no module imports one.
+#: ``train.cli``): each the top layer of its package. The entry points ``python -m PACKAGE``
+#: (``*.__main__``) are the top of their package: one may import any module of it and of lower packages
+#: (``train pipeline`` reaches ``train`` through an entry-point group, not an import); nothing imports one.
 SCRIPTS = (ROOT / "pyproject.toml").read_text().split("[project.scripts]")[1].split("\n[")[0]
 CONSOLE_SCRIPTS = tuple(re.findall(r'^\w+ = "([\w.]+):\w+"', SCRIPTS, re.MULTILINE))
 #: the only function-level imports of project modules train/ and pipelines/ may hold: each keeps a start-up
@@ -146,7 +146,8 @@ class _Imports(ast.NodeVisitor):
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         if node.level == 0 and node.module:
-            self._add([f"{node.module}.{a.name}" for a in node.names], node.lineno)
+            # ``from PACKAGE import submodule`` runs the package first: an edge to both
+            self._add([node.module, *(f"{node.module}.{a.name}" for a in node.names)], node.lineno)
 
     def _add(self, names: list[str], line: int) -> None:
         for name in names:
@@ -169,13 +170,13 @@ EDGES = _edges()
 
 def _wrong_way(module: str, other: str) -> str | None:
     """Why ``module`` may not import ``other`` (None when it may)."""
-    if is_entry_point(module):  # the top: any package, but never a library through it
-        return None
     if is_entry_point(other):
         return "an entry point"
     mine, theirs = PACKAGE_ORDER.index(_package(module)), PACKAGE_ORDER.index(_package(other))
     if theirs != mine:
         return "a higher package" if theirs > mine else None
+    if is_entry_point(module):  # the top of its package
+        return None
     if _layer(other) > _layer(module):
         return "a higher layer"
     if _layer(other) == _layer(module) and _group(other) != _group(module):
@@ -242,7 +243,7 @@ def _reachable(edges: dict[str, list[tuple[str, int, bool]]], start: str) -> set
 def test_every_import_goes_down_the_packages_and_the_layers() -> None:
     """Every import, at module level or inside a function, goes to a lower package (vsecore <- prep <-
     features <- train <- pipelines), or to the module's own group or a lower layer of its package; siblings
-    never import each other; only an entry point imports upward (``python -m train`` is ``pipelines.cli``)."""
+    never import each other; ``python -m PACKAGE`` imports only its own package and lower ones."""
     assert not (bad := _upward(EDGES)), "\n".join(bad)
 
 
@@ -266,8 +267,8 @@ COMMANDS = {m for m in MODULES if _layer(m) == len(LAYERS[_package(m)]) - 1 and 
 
 def test_no_library_reaches_a_command_indirectly() -> None:
     """No library module reaches a command module or the pipeline runner through any chain of imports:
-    nothing imports ``train.cli`` but the ``train`` command (``pipelines.cli``), and the runner is reached
-    only from ``pipelines.cli``."""
+    nothing imports ``train.cli`` but ``python -m train``, and the runner is reached only from
+    ``pipelines.cli``."""
     bad = [f"{m} reaches {sorted(_reachable(EDGES, m) & COMMANDS)}" for m in MODULES
            if m not in COMMANDS and _reachable(EDGES, m) & COMMANDS]
     assert not bad, "\n".join(bad)

@@ -206,7 +206,7 @@ def recorded_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[tup
 
 
 def _pipeline(tmp_path: Path, capsys: pytest.CaptureFixture, *options: str) -> tuple[int, str, str]:
-    from pipelines.cli import main as train_main
+    from train.cli import main as train_main
 
     code = train_main(["pipeline", "p", "--pipelines", str(tmp_path / "pipelines.yaml"), *options])
     out = capsys.readouterr()
@@ -284,8 +284,8 @@ pipelines:
 
 def test_a_missing_file_from_a_variable_names_the_variable_and_the_pipeline(
         tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipelines.cli import main as train_main
     from prep.cli import main as prep_main
+    from train.cli import main as train_main
 
     path = write(tmp_path, FROM_VARIABLE)
     monkeypatch.delenv("VSE_TEST_SHARED", raising=False)
@@ -311,7 +311,7 @@ def test_the_project_pipelines_name_vse_shared_data(tmp_path: Path, capsys: pyte
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """``train pipeline coco-sample-chain --until prep`` without the shared data says which variable to
     set."""
-    from pipelines.cli import main as train_main
+    from train.cli import main as train_main
 
     for name in ("VSE_WORK", "VSE_RUNS"):
         monkeypatch.setenv(name, str(tmp_path / name.lower()))

@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import QUERY_PIPELINE
 
-from pipelines.cli import main as train_main  # every train command, train pipeline too
+from train.cli import main as train_main  # every train command, train pipeline too
 from train.retrieval.loaded import embed_split
 from train.retrieval.open import load_run
 

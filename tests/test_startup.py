@@ -19,7 +19,7 @@ LIGHT = (["--help"], ["chain", "--help"], ["evaluate", "--help"], ["classify", "
 
 PROBE = """
 import contextlib, io, json, sys
-from pipelines.cli import main
+from train.cli import main
 loaded = {}
 for argv in json.loads(sys.argv[1]):
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -46,7 +46,7 @@ def test_help_and_argument_errors_import_no_torch() -> None:
 
 
 def test_python_m_train_is_the_train_command() -> None:
-    """``python -m train`` is the console command (``pipelines.cli``), ``train pipeline`` included."""
+    """``python -m train`` is the console command (``train.cli``), ``train pipeline`` included."""
     done = subprocess.run([sys.executable, "-m", "train", "--help"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0 and "pipeline" in done.stdout and "evaluate" in done.stdout, done.stderr

@@ -1,6 +1,5 @@
-"""``python -m train``: the ``train`` console command (:func:`pipelines.cli.main`). An entry point is the top
-of the package graph: it may import the orchestrator, which imports every stage (``docs/ARCHITECTURE.md``)."""
+"""``python -m train``: the ``train`` console command (:func:`train.cli.main`)."""
 
-from pipelines.cli import main
+from train.cli import main
 
 raise SystemExit(main())

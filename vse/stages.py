@@ -6,7 +6,6 @@ those commands call (:func:`prep.run.run_prep`, :func:`features.run.run_features
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -37,15 +36,13 @@ def prep(dataset: str, out: PathArg | None = None, *, overwrite: bool = False, p
     Returns:
         The prepared dataset's folder (``dataset.json``, ``chars.json``, ``words.json``, ``prep.json``).
     """
-    from prep.cli import absolute_paths  # start-up: the stage's library only when it runs
-    from prep.run import run_prep  # start-up: (as above)
-    from prep.settings import PrepSection, prep_section  # start-up: (as above)
+    from prep.run import run_prep  # start-up: the stage's library only when it runs
+    from prep.settings import PrepSection, absolute_paths, prep_section  # start-up: (as above)
 
     # relative paths mean the working directory, as a shell's do (what the command records)
-    args = argparse.Namespace(**given(settings, out=out))
-    absolute_paths(args)
     with verbosity(quiet):
-        values, found = stage_settings(PrepSection, "prep", vars(args), {"dataset": dataset}, prep_section,
+        values, found = stage_settings(PrepSection, "prep", absolute_paths(given(settings, out=out)),
+                                       {"dataset": dataset}, prep_section,
                                        pipeline, _path(pipelines))
         with explain_origins(found):
             return run_prep(values, overwrite=overwrite)
@@ -76,9 +73,14 @@ def extract(kind: str, data: PathArg | None = None, out: PathArg | None = None, 
     Returns:
         The store's path (open it with :class:`features.store.core.FeatureStore`).
     """
-    from features.extractors.registry import extractors_of_kind, get_extractor_of  # start-up: (as above)
+    from features.extractors.registry import extractors_of_kind  # start-up: (as above)
     from features.run import run_features  # start-up: (as above)
-    from features.settings import FeaturesSection, features_section, features_settings_class  # start-up
+    from features.settings import (  # start-up: (as above)
+        FeaturesSection,
+        features_section,
+        features_settings_class,
+        implied_settings,
+    )
 
     values = given(settings, data=data, out=out)
     own = (name for extractor in extractors_of_kind(kind) for name in extractor.config.model_fields)
@@ -86,9 +88,7 @@ def extract(kind: str, data: PathArg | None = None, out: PathArg | None = None, 
     with verbosity(quiet):
         resolved, found = stage_settings(features_settings_class(), "features", values, {"kind": kind},
                                          features_section, pipeline, _path(pipelines), allowed)
-        rule = get_extractor_of(resolved).command_line  # what the settings given imply (the command's rule)
-        if rule is not None:
-            resolved = resolved.model_copy(update=rule(resolved, set(values)))
+        resolved = implied_settings(resolved, set(values))
         with explain_origins(found):
             return run_features(resolved, overwrite=overwrite, rethreshold=rethreshold, progress=progress,
                                 retry_failed=retry_failed)

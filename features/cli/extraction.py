@@ -10,9 +10,9 @@ from collections.abc import Iterable
 
 from pydantic.fields import FieldInfo
 
-from features.extractors.registry import Extractor, extractors_of_kind, get_extractor_of
+from features.extractors.registry import Extractor, extractors_of_kind
 from features.run import run_features
-from features.settings import FeaturesSection, features_section, features_settings_class
+from features.settings import FeaturesSection, features_section, features_settings_class, implied_settings
 from vsecore.options import add_overwrite_option, add_pipeline_arguments, field_option, option_extra
 from vsecore.pipelines_file import explain_origins, pipeline_settings, settings_from
 
@@ -86,10 +86,7 @@ def run_extraction(args: argparse.Namespace) -> int:
     implies, :attr:`features.extractors.registry.Extractor.command_line`), then the library."""
     pipeline = pipeline_settings(args, "features", features_section)
     settings = settings_from(features_settings_class(), "features", args, {"kind": args.command}, pipeline)
-    rule = get_extractor_of(settings).command_line
-    if rule is not None:
-        given = {key for key, value in vars(args).items() if value is not None}
-        settings = settings.model_copy(update=rule(settings, given))
+    settings = implied_settings(settings, {key for key, value in vars(args).items() if value is not None})
     rethreshold = bool(getattr(args, "rethreshold", False))
     with explain_origins(pipeline):
         run_features(settings, overwrite=args.overwrite, rethreshold=rethreshold,

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from features.executors import pieces
+import features.executors.pieces as pieces
 from features.executors.block import (  # noqa: F401 - the block's types, also read from here
     MAX_TRANSIENT_IN_A_ROW,
     BlockResult,

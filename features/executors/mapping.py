@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from features.executors import pieces
+import features.executors.pieces as pieces
 from features.executors.block import MAPPER_FAILURES, BlockResult, LoadedBlock, Mapper
 from features.store.layout import fill_value, row_shape
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from features.extractors import weights as W
+import features.extractors.weights as W
 from vsecore.errors import UserError
 from vsecore.io import sha256_file
 

@@ -119,7 +119,7 @@ class DetectorRegionMapper:
                  device: str | torch.device | None = "cpu", amp: bool = False, allow_download: bool = False,
                  seed: int = 0, score_threshold: float = SCORE_THRESHOLD, nms_iou: float = NMS_IOU,
                  threads: int | None = None) -> None:
-        from features.extractors import weights as W
+        import features.extractors.weights as W
         from vsecore.io import sha256_file
 
         if min_boxes < 1 or max_boxes < min_boxes:

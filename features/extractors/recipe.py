@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from features.extractors.registry import get_extractor_of, get_extractor_of_config
+from features.extractors.registry import SPEED_KEYS, get_extractor_of, get_extractor_of_config
 from vsecore.device import resolve_device
 from vsecore.errors import UserError
 
@@ -24,8 +24,6 @@ if TYPE_CHECKING:
     from features.executors.extract import Mapper
     from features.settings import FeaturesSection
 
-#: mapper settings that change speed, not the stored numbers (left out of a store's config)
-SPEED_KEYS = ("batch_size", "device", "threads", "allow_download")
 #: keys of a store's config that describe the store, not the mapper (see ``features.run.store_config``)
 STORE_KEYS = ("weights_sha256", "block_size", "images_sha256", "dataset_sha256", "n_rows", "outputs",
               "thresholds")

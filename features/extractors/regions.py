@@ -33,8 +33,7 @@ import numpy as np
 from pydantic import Field
 
 from features.extractors.images import check_sizes
-from features.extractors.recipe import SPEED_KEYS
-from features.extractors.registry import ExtractorConfig
+from features.extractors.registry import SPEED_KEYS, ExtractorConfig
 from features.store.codecs import ROW_CODECS
 
 #: the one Faster R-CNN network supported, and its torchvision COCO weights (``--weights coco``)

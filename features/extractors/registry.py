@@ -106,6 +106,8 @@ class Extractor:
     queryable: bool = True
 
 
+#: mapper settings that change speed, not the stored numbers (left out of a store's config)
+SPEED_KEYS = ("batch_size", "device", "threads", "allow_download")
 #: name -> declaration, in registration order (the order of ``features --help``)
 _EXTRACTORS: dict[str, Extractor] = {}
 

@@ -3,14 +3,16 @@
 Each subcommand lives in its own module of this package, which exposes ``register(subparsers)``, parses,
 and calls a library function of the task packages. The options are declared without torch (the families'
 declarations, the settings); a command imports its library, and torch, when it runs, so ``train --help``
-and an argument error answer at once. ``train pipeline`` is the orchestrator's (:mod:`pipelines.cli`, above
-every stage): the ``train`` console command is :func:`pipelines.cli.main`, this parser with it added.
+and an argument error answer at once. A package above train adds its own subcommands through the entry
+points of :data:`COMMAND_PLUGINS` (``pyproject.toml``): ``train pipeline`` is the orchestrator's
+(:func:`pipelines.cli.register`), so train never imports the orchestrator.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
 
 from train.cli import (
     checkpoint,
@@ -32,11 +34,19 @@ COMMANDS = (fit, classify_options, evaluate, query, report, compare, export_embe
 
 #: a function that adds subcommands to the ``train`` parser
 Registrar = Callable[[argparse._SubParsersAction], None]
+#: the entry-point group of the registrars of packages above train (``train pipeline``: ``pipelines.cli``)
+COMMAND_PLUGINS = "vse_toolkit.train_commands"
 
 
-def build_parser(more: Sequence[Registrar] = ()) -> argparse.ArgumentParser:
-    """The ``train`` argument parser with every registered subcommand, then those ``more`` registers (the
-    orchestrator's ``train pipeline``)."""
+def plugin_commands() -> list[Registrar]:
+    """The registrars installed under :data:`COMMAND_PLUGINS`, in name order (each loaded: its module
+    imported)."""
+    return [ep.load() for ep in sorted(entry_points(group=COMMAND_PLUGINS), key=lambda ep: ep.name)]
+
+
+def build_parser(more: Sequence[Registrar] | None = None) -> argparse.ArgumentParser:
+    """The ``train`` argument parser with every subcommand of this package, then those ``more`` registers
+    (default: :func:`plugin_commands`, the orchestrator's ``train pipeline``)."""
     parser = argparse.ArgumentParser(
         prog="train",
         description="Train visual-semantic embedding models from prepared datasets and feature stores, "
@@ -46,7 +56,7 @@ def build_parser(more: Sequence[Registrar] = ()) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS:
         command.register(sub)
-    for register in more:
+    for register in plugin_commands() if more is None else more:
         register(sub)
     add_common_options(parser)
     return parser
@@ -59,5 +69,5 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``train`` without ``train pipeline`` (the console command, :func:`pipelines.cli.main`, adds it)."""
+    """Console entry point of ``train`` (and ``python -m train``): every command, the plugins' too."""
     return run_cli(lambda args: run(build_parser(), args), argv, "train")

@@ -2,7 +2,12 @@
 encoder registries hold all of them, whatever family was built first. ``from train.models import
 create_text_encoder`` reads it; a family's spec imports only its own network module."""
 
-from train.models import chain_vse, ctt, language_agnostic, regions, self_attention, uvs
+import train.models.chain_vse as chain_vse
+import train.models.ctt as ctt
+import train.models.language_agnostic as language_agnostic
+import train.models.regions as regions
+import train.models.self_attention as self_attention
+import train.models.uvs as uvs
 from train.models.joint import VisualSemanticEmbedding, build_model
 from train.models.registry import (
     TextEncoder,
